@@ -1,0 +1,102 @@
+"""Batch-size derivation and refusal of bad input: one clear line, non-zero exit on every rank, no hang."""
+
+import re
+
+import pytest
+
+import ppo_atari_multigpu as ppo
+from conftest import TINY, run_python, run_torchrun
+
+ERROR_LINE = re.compile(r"^ppo_atari_multigpu\.py: error: .+$", re.MULTILINE)
+
+
+def test_batch_sizes_scale_with_world_size():
+    args = ppo.Args(local_num_envs=8, num_steps=128, num_minibatches=4, total_timesteps=10_000_000)
+    one = ppo.batch_sizes(args, world_size=1)
+    assert (one.num_envs, one.batch_size, one.minibatch_size) == (8, 1024, 256)
+    assert (one.local_batch_size, one.local_minibatch_size, one.num_iterations) == (1024, 256, 9765)
+    four = ppo.batch_sizes(args, world_size=4)
+    assert (four.num_envs, four.batch_size, four.minibatch_size) == (32, 4096, 1024)
+    assert (four.local_batch_size, four.local_minibatch_size, four.num_iterations) == (1024, 256, 2441)
+
+
+def test_backend_defaults_per_device():
+    args = ppo.Args()
+    assert ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=0) == "gloo"
+    if ppo.dist.is_nccl_available():
+        assert ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=1) == "nccl"
+    else:  # a CPU-only torch build: the GPU default is named and refused, not silently swapped
+        with pytest.raises(ppo.ConfigError, match="no 'nccl' backend"):
+            ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=1)
+
+
+def test_env_seeds_never_overlap_across_ranks():
+    seeds = [s for rank in range(16) for s in ppo.env_seeds(seed=1, rank=rank, local_num_envs=8)]
+    assert len(seeds) == len(set(seeds)) == 128
+
+
+@pytest.mark.parametrize(
+    "device_ids, device_count, backend, message",
+    [
+        ((0, 0), 1, "nccl", "NCCL cannot run two processes on one GPU"),
+        ((), 1, None, "do not all exist"),  # default cuda:<LOCAL_RANK> with 2 processes on a 1-GPU node
+        ((0, 3), 2, "nccl", "do not all exist"),
+    ],
+)
+def test_gpu_placement_is_checked(device_ids, device_count, backend, message):
+    # The placement check is pure: it is shown here for a 1- and 2-GPU node; on CPU nodes it never applies.
+    args = ppo.Args(device_ids=device_ids, backend=backend)
+    with pytest.raises(ppo.ConfigError, match=message):
+        ppo.check_args(args, world_size=2, local_world_size=2, cuda_device_count=device_count)
+
+
+def test_gloo_may_share_a_gpu():
+    args = ppo.Args(device_ids=(0, 0), backend="gloo")
+    assert ppo.check_args(args, world_size=2, local_world_size=2, cuda_device_count=1) == "gloo"
+
+
+@pytest.mark.parametrize(
+    "cli, message",
+    [
+        (["--backend", "nccl"], "--backend nccl needs CUDA"),
+        (["--num-minibatches", "3"], "not divisible by --num-minibatches 3"),
+        (["--total-timesteps", "32"], "smaller than one global batch"),
+        (["--local-num-envs", "0"], "--local-num-envs must be positive"),
+        (["--num-steps", "-5"], "--num-steps must be positive"),
+        (["--backend", "mpi"], "no 'mpi' backend"),
+        (["--env-id", "NoSuchGameNoFrameskip-v4"], "unknown env id"),
+        (["--env-id", "Pendulum-v1"], "non-discrete action space"),
+        (["--env-id", "CartPole-v1"], "not an Atari"),
+        (["--device-ids", "0"], "--device-ids was given but CUDA is unavailable"),
+    ],
+)
+def test_bad_input_single_process(tmp_path, cli, message):
+    result = run_python([*TINY, "--total-timesteps", "1024", *cli], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    errors = ERROR_LINE.findall(result.stderr)
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "cli, message",
+    [
+        (["--device-ids", "0", "1", "2"], "--device-ids names 3 devices but this node runs 2 processes"),
+        # 64 steps would be one batch for one process, but the global batch of two is 128.
+        (["--total-timesteps", "64"], "smaller than one global batch (128 = 2 processes"),
+    ],
+)
+def test_bad_input_fails_every_rank_under_torchrun(tmp_path, cli, message):
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "1024", *cli], cwd=tmp_path, timeout=90)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    errors = ERROR_LINE.findall(output)
+    assert len(errors) == 1 and message in errors[0], output
+    # torchrun's failure report gives each rank's exit code: 2 from our check, or its SIGTERM if torchrun
+    # stopped that rank first because the other had already failed. Neither rank ran on or hung.
+    exit_codes = {int(rank): int(code) for rank, code in
+                  re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", output)}
+    assert set(exit_codes) == {0, 1} and 2 in exit_codes.values(), output
+    assert set(exit_codes.values()) <= {2, -15}, output
+    assert 'ppo_atari_multigpu.py", line' not in output  # no traceback from the script itself

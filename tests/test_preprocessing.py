@@ -1,0 +1,125 @@
+"""The DeepMind Atari stack on gymnasium 1.x, with real ALE games."""
+
+import gymnasium as gym
+import numpy as np
+
+import ppo_atari_multigpu as ppo
+
+
+def test_observations_are_uint8_frame_stacks():
+    env = ppo.make_env("BreakoutNoFrameskip-v4")()
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.shape == obs.shape == (4, 84, 84)
+    assert obs.dtype == np.uint8
+    obs, *_ = env.step(env.action_space.sample())
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8 and obs.max() > 0
+    env.close()
+
+
+def test_fire_is_pressed_after_reset_and_after_every_lost_life():
+    # In Breakout the ball is only served on FIRE: a player that only ever sends NOOP never loses a life
+    # unless the wrapper presses FIRE after the reset and after each life loss.
+    raw = gym.make("BreakoutNoFrameskip-v4")
+    raw.reset(seed=0)
+    for _ in range(2000):
+        raw.step(0)
+    assert raw.unwrapped.ale.lives() == 5
+
+    env = ppo.make_env("BreakoutNoFrameskip-v4")()
+    env.reset(seed=0)
+    lives_lost = 0
+    for _ in range(2000):
+        _, _, terminated, truncated, info = env.step(0)
+        if terminated:
+            lives_lost += 1
+            if "episode" in info:  # game over
+                break
+            env.reset()
+    assert lives_lost == 5
+    env.close()
+
+
+def test_life_loss_ends_learning_episode_but_not_the_game():
+    env = ppo.make_env("BreakoutNoFrameskip-v4")()
+    env.reset(seed=1)
+    rng = np.random.default_rng(1)
+    while True:
+        _, _, terminated, truncated, info = env.step(int(rng.integers(env.action_space.n)))
+        if terminated or truncated:
+            break
+    ale = env.unwrapped.ale
+    assert ale.lives() == 4 and "episode" not in info  # a life was lost, the game goes on
+    frame_before = ale.getEpisodeFrameNumber()
+    env.reset()
+    assert ale.lives() == 4
+    assert ale.getEpisodeFrameNumber() > frame_before  # the emulator continued instead of restarting
+    env.close()
+
+
+def test_episode_statistics_are_whole_game_and_unclipped():
+    # Space Invaders scores 5 to 30 points per alien, so clipped and raw returns differ.
+    envs = ppo.make_vector_env("SpaceInvadersNoFrameskip-v4", 2)
+    envs.reset(seed=[3, 4])
+    rng = np.random.default_rng(0)
+    clipped_sum = np.zeros(2)
+    life_episodes = np.zeros(2, dtype=int)
+    agent_steps = np.zeros(2, dtype=int)
+    games = []
+    for _ in range(5000):
+        _, reward, terminated, truncated, infos = envs.step(rng.integers(envs.single_action_space.n, size=2))
+        assert set(np.unique(reward)) <= {-1.0, 0.0, 1.0}  # the learner sees clipped rewards
+        clipped_sum += reward
+        agent_steps += 1
+        life_episodes += terminated | truncated
+        if "final_info" in infos and "episode" in infos["final_info"]:
+            for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                games.append((infos["final_info"]["episode"]["r"][i], infos["final_info"]["episode"]["l"][i],
+                              clipped_sum[i], life_episodes[i], agent_steps[i]))
+                clipped_sum[i], life_episodes[i], agent_steps[i] = 0, 0, 0
+        if len(games) >= 2:
+            break
+    envs.close()
+    assert len(games) >= 2
+    for episodic_return, length, clipped, lives, steps in games:
+        assert lives == 3  # Space Invaders has 3 lives: one reported game spans 3 learning episodes
+        assert episodic_return >= 5 * clipped > 0  # raw points, not the clipped +1 per alien
+        assert length >= 4 * steps  # length in emulator frames over the whole game
+
+
+def test_vector_env_stores_only_real_transitions():
+    # Drive the same game by hand, one env and explicit resets, and compare every step with the vector env:
+    # after an episode end the vector env must return the next episode's first observation, with no extra
+    # step in which the action is ignored and the reward is zero.
+    seed, steps = 7, 600
+    actions = np.random.default_rng(2).integers(4, size=steps)
+    vector = ppo.make_vector_env("BreakoutNoFrameskip-v4", 1)
+    single = ppo.make_env("BreakoutNoFrameskip-v4")()
+    vector_obs, _ = vector.reset(seed=[seed])
+    single_obs, _ = single.reset(seed=seed)
+    np.testing.assert_array_equal(vector_obs[0], single_obs)
+    ends = 0
+    for action in actions:
+        vector_obs, vector_reward, vector_term, vector_trunc, infos = vector.step(np.array([action]))
+        single_obs, single_reward, single_term, single_trunc, _ = single.step(action)
+        assert vector_reward[0] == single_reward and vector_term[0] == single_term
+        if single_term or single_trunc:
+            ends += 1
+            np.testing.assert_array_equal(infos["final_obs"][0], single_obs)
+            single_obs, _ = single.reset()
+        np.testing.assert_array_equal(vector_obs[0], single_obs)
+    assert ends >= 2
+    vector.close()
+    single.close()
+
+
+def test_v5_ids_run_with_classic_settings():
+    note = ppo.classic_settings_note("ALE/Breakout-v5")
+    assert note and "frameskip=4" in note and "classic settings" in note
+    assert ppo.classic_settings_note("BreakoutNoFrameskip-v4") is None
+    env = ppo.make_env("ALE/Breakout-v5")()
+    env.reset(seed=0)
+    frames = env.unwrapped.ale.getEpisodeFrameNumber()
+    env.step(0)
+    assert env.unwrapped.ale.getEpisodeFrameNumber() - frames == 4  # one agent step is 4 frames, not 16
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    env.close()

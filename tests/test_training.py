@@ -1,0 +1,78 @@
+"""End-to-end runs of the real script: torchrun, plain python, two 'nodes', and determinism."""
+
+import re
+import subprocess
+
+from conftest import (TINY, event_files, final_digests, free_port, run_python, run_torchrun, scalars,
+                      script_env, torchrun_cmd)
+
+LOSSES = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+          "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+
+
+def assert_trained(cwd, iterations: int, global_batch: int):
+    logged = scalars(cwd)
+    for tag in LOSSES + ["charts/learning_rate", "charts/SPS"]:
+        assert [step for step, _ in logged[tag]] == [global_batch * i for i in range(1, iterations + 1)], tag
+    # The learning rate annealed from one iteration to the next: the optimiser really stepped each time.
+    rates = [value for _, value in logged["charts/learning_rate"]]
+    assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1]
+    assert all(value > 0 for _, value in logged["losses/approx_kl"])  # the policy moved during the updates
+    return logged
+
+
+def test_torchrun_two_processes_train_and_stay_identical(tmp_path):
+    # 2 processes x 2 envs x 32 steps = a global batch of 128; 3 iterations.
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "384"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_trained(tmp_path, iterations=3, global_batch=128)
+    assert len(event_files(tmp_path)) == 1  # rank 0 alone writes TensorBoard
+    digests = final_digests(result.stdout)
+    assert set(digests) == {"0", "1"} and len(set(digests.values())) == 1
+    assert "backend gloo | world size 2" in result.stdout
+    assert "rank 0: " in result.stdout and "rank 1: " in result.stdout
+
+
+def test_single_process_without_torchrun(tmp_path):
+    result = run_python([*TINY, "--total-timesteps", "128"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_trained(tmp_path, iterations=2, global_batch=64)
+    assert "world size 1" in result.stdout
+    assert list(final_digests(result.stdout)) == ["0"]
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    port = free_port()
+    commands = [
+        torchrun_cmd(1, [*TINY, "--total-timesteps", "256"],
+                     extra=("--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"))
+        for node in (0, 1)
+    ]
+    nodes = [subprocess.Popen(cmd, cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for cmd in commands]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+    node0_out, node1_out = outputs[0][0], outputs[1][0]
+    assert node1_out.strip() == ""  # nothing printed by the non-zero global rank
+    seeds = {int(rank): (int(lo), int(hi)) for rank, lo, hi in
+             re.findall(r"^rank (\d+): host .*, env seeds (\d+)\.\.(\d+)$", node0_out, re.MULTILINE)}
+    assert seeds == {0: (1, 2), 1: (3, 4)}  # global ranks 0 and 1, disjoint env seeds
+    assert "world size 2" in node0_out
+    assert_trained(tmp_path, iterations=2, global_batch=128)
+    assert len(event_files(tmp_path)) == 1
+    assert len(set(final_digests(node0_out).values())) == 1
+
+
+def test_same_seed_same_losses(tmp_path):
+    logs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        result = run_python([*TINY, "--total-timesteps", "128", "--seed", "3"], cwd=tmp_path / name)
+        assert result.returncode == 0, result.stderr
+        logs.append(scalars(tmp_path / name))
+    for tag in LOSSES:
+        assert logs[0][tag] == logs[1][tag], tag
+    (tmp_path / "c").mkdir()
+    assert run_python([*TINY, "--total-timesteps", "128", "--seed", "4"], cwd=tmp_path / "c").returncode == 0
+    assert scalars(tmp_path / "c")["losses/value_loss"] != logs[0]["losses/value_loss"]  # the seed matters
