@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
@@ -47,9 +48,9 @@ class Args:
     cuda: bool = True
     """if toggled, use CUDA when it is available"""
     device_ids: tuple[int, ...] = ()
-    """one CUDA device id per local process (default: cuda:<LOCAL_RANK>)"""
+    """one CUDA device id per local process; empty means cuda:<LOCAL_RANK>"""
     backend: Optional[Literal["gloo", "nccl", "mpi"]] = None
-    """torch.distributed backend (default: nccl on GPUs, gloo on the CPU)"""
+    """torch.distributed backend; None picks nccl on GPUs and gloo on the CPU"""
     capture_video: bool = False
     """whether to record videos of one env of global rank 0 (to `videos/<run_name>`)"""
 
@@ -88,6 +89,12 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: Optional[float] = None
     """the target KL divergence threshold: stop the update epochs early when the mean KL over ranks exceeds it"""
+
+    # Speed: how the same algorithm is computed
+    vector_env: Literal["sync", "async"] = "sync"
+    """step the envs in this process (sync) or each in its own subprocess (async: uses more cores)"""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """network forward/backward in fp32, or under bf16 autocast (weights, optimiser, losses stay fp32)"""
 
 
 class ConfigError(Exception):
@@ -290,11 +297,13 @@ def make_env(env_id: str, record_video_dir: Optional[str] = None):
     return thunk
 
 
-def make_vector_env(env_id: str, num_envs: int, record_video_dir: Optional[str] = None) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, record_video_dir: Optional[str] = None,
+                    kind: str = "sync") -> gym.vector.VectorEnv:
     # SAME_STEP autoreset: the observation returned with done=True is already the next episode's first,
     # so every stored transition is real (NEXT_STEP would insert a fake one after every episode end).
     thunks = [make_env(env_id, record_video_dir if i == 0 else None) for i in range(num_envs)]
-    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    vector_env = gym.vector.AsyncVectorEnv if kind == "async" else gym.vector.SyncVectorEnv
+    return vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -325,7 +334,8 @@ class Agent(nn.Module):
 
     def hidden(self, obs: torch.Tensor) -> torch.Tensor:
         """`obs` is the uint8 frame stack; scaling to [0, 1] happens here so rollouts store bytes."""
-        x = obs.to(torch.float32).div_(255.0).contiguous(memory_format=torch.channels_last)
+        # Channels-last convolutions; the layout change is cheapest on the uint8 bytes, before the float cast.
+        x = obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0)
         return self.network(x)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -333,7 +343,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         hidden = self.hidden(obs)
-        probs = Categorical(logits=self.actor(hidden).float())
+        probs = Categorical(logits=self.actor(hidden).float(), validate_args=False)  # validation syncs on GPU
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
@@ -391,6 +401,34 @@ def env_seeds(seed: int, rank: int, local_num_envs: int) -> list[int]:
     return [seed + rank * local_num_envs + i for i in range(local_num_envs)]
 
 
+class SectionTimer:
+    """Sums the time spent in a code section; on CUDA it records events, so timing adds no host sync."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds_on_host = 0.0
+        self.cuda_events = []
+
+    @contextmanager
+    def __call__(self):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.cuda_events.append((start, end))
+        else:
+            start_time = time.perf_counter()
+            yield
+            self.seconds_on_host += time.perf_counter() - start_time
+
+    def pop_seconds(self) -> float:
+        """The total since the last call (waits for the GPU on CUDA), then starts again from zero."""
+        total = self.seconds_on_host + sum(s.elapsed_time(e) for s, e in self.cuda_events) / 1000
+        self.seconds_on_host, self.cuda_events = 0.0, []
+        return total
+
+
 def main() -> None:
     args = tyro.cli(Args)
     # Set by torchrun; a plain `python` launch is a job of one process.
@@ -414,6 +452,10 @@ def main() -> None:
             print(f"{os.path.basename(__file__)}: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     sizes = batch_sizes(args, WORLD_SIZE)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    # Envs (and their subprocesses, with --vector-env async) start before the process group's threads.
+    envs = make_vector_env(args.env_id, args.local_num_envs,
+                           f"videos/{run_name}" if args.capture_video and master_process else None, args.vector_env)
 
     if cuda_device_count:
         device = torch.device("cuda", args.device_ids[LOCAL_RANK] if args.device_ids else LOCAL_RANK)
@@ -423,14 +465,15 @@ def main() -> None:
     if distributed:
         dist.init_process_group(backend, rank=RANK, world_size=WORLD_SIZE)
     try:
-        train(args, sizes, device, backend, RANK, WORLD_SIZE, master_process)
+        train(args, sizes, envs, run_name, device, backend, RANK, WORLD_SIZE, master_process)
     finally:
+        envs.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, rank: int, world_size: int,
-          master_process: bool) -> None:
+def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: str, device: torch.device,
+          backend: str, rank: int, world_size: int, master_process: bool) -> None:
     seeds = env_seeds(args.seed, rank, args.local_num_envs)
     ranks = [None] * world_size
     if world_size > 1:
@@ -450,10 +493,8 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
         if note:
             print(note, flush=True)
 
-    writer, video_dir = None, None
+    writer = None
     if master_process:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        video_dir = f"videos/{run_name}" if args.capture_video else None
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(f"runs/{run_name}")
@@ -470,13 +511,15 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic
 
-    envs = make_vector_env(args.env_id, args.local_num_envs, video_dir)
     agent = Agent(envs.single_action_space.n).to(device, memory_format=torch.channels_last)
     if world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
     flat_grad = flat_gradient_buffer(agent)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
     # From here on the ranks differ: each samples its own actions.
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
@@ -491,6 +534,7 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
     dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
     values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
 
+    env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
     global_step = 0
     start_time = time.time()
     last_print = 0.0
@@ -505,23 +549,25 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         # ---- Rollout: num_steps steps in each of this rank's envs ----
+        rollout_start = time.perf_counter()
         episodes = []  # (global_step, return, length) of games that ended on this rank
         for step in range(args.num_steps):
             global_step += sizes.num_envs
             obs[step] = next_obs
             dones[step] = next_done
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
             values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
 
-            next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            with env_timer():
+                next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             # A time-limit truncation is not a real end: bootstrap from the value of the final observation.
             truncated_only = truncations & ~terminations
             if truncated_only.any():
                 final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated_only]), device=device)
-                with torch.no_grad():
+                with torch.no_grad(), autocast():
                     reward[truncated_only] += args.gamma * agent.get_value(final_obs).flatten().cpu().numpy()
             rewards[step] = torch.as_tensor(reward, device=device)
             next_obs = torch.as_tensor(next_obs_np, device=device)
@@ -532,8 +578,10 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
                                 infos["final_info"]["episode"]["l"][finished]):
                     episodes.append((global_step, float(r), int(l)))
 
+        rollout_time = time.perf_counter() - rollout_start
+
         # ---- Advantages ----
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             next_value = agent.get_value(next_obs).flatten()
             advantages, returns = compute_advantages(rewards, values, dones, next_value, next_done,
                                                      args.gamma, args.gae_lambda)
@@ -546,13 +594,15 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
         b_values = values.reshape(-1)
 
         # ---- Update: update_epochs passes over the local batch; gradients averaged over all ranks ----
+        update_start = time.perf_counter()
         stats = torch.zeros(6, device=device)  # pg, v, entropy, old kl, kl, clipfrac summed over minibatches
         num_updates = 0
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device)
             for start in range(0, sizes.local_batch_size, sizes.local_minibatch_size):
                 mb_inds = b_inds[start : start + sizes.local_minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                with autocast():
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
                 with torch.no_grad():
@@ -586,7 +636,8 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
 
                 flat_grad.zero_()
                 loss.backward()
-                all_reduce_mean_(flat_grad, world_size)
+                with allreduce_timer():
+                    all_reduce_mean_(flat_grad, world_size)
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 stats += torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(),
@@ -599,6 +650,11 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
                 all_reduce_mean_(mean_kl, world_size)
                 if mean_kl.item() > args.target_kl:
                     break
+
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        update_time = time.perf_counter() - update_start
+        env_time, allreduce_time = env_timer.pop_seconds(), allreduce_timer.pop_seconds()
 
         # ---- Bookkeeping: gather finished games to rank 0, log once per iteration ----
         if world_size > 1:
@@ -625,6 +681,10 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
         writer.add_scalar("losses/clipfrac", clipfrac_mean, global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/env_time", env_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
         now = time.time()
         if now - last_print >= 10 or iteration in (1, sizes.num_iterations):
             last_print = now
@@ -641,7 +701,6 @@ def train(args: Args, sizes: BatchSizes, device: torch.device, backend: str, ran
     if master_process:
         print("final parameter digest per rank: " + " ".join(f"{r}:{d}" for r, d in enumerate(digests)), flush=True)
         writer.close()
-    envs.close()
     if len(set(digests)) > 1:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
 

@@ -123,3 +123,24 @@ def test_v5_ids_run_with_classic_settings():
     assert env.unwrapped.ale.getEpisodeFrameNumber() - frames == 4  # one agent step is 4 frames, not 16
     assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
     env.close()
+
+
+def test_async_vector_env_matches_sync():
+    # --vector-env async steps each env in a subprocess; for the same seeds and actions it must produce
+    # exactly what the in-process SyncVectorEnv produces.
+    seeds, steps = [11, 12], 400
+    actions = np.random.default_rng(3).integers(4, size=(steps, 2))
+    runs = []
+    for kind in ("sync", "async"):
+        envs = ppo.make_vector_env("BreakoutNoFrameskip-v4", 2, kind=kind)
+        obs, _ = envs.reset(seed=seeds)
+        trajectory = [obs]
+        for action in actions:
+            obs, reward, terminated, truncated, infos = envs.step(action)
+            episodes = infos["final_info"]["episode"]["r"].tolist() if "final_info" in infos and "episode" in infos["final_info"] else []
+            trajectory += [obs, reward, terminated, truncated, episodes]
+        envs.close()
+        runs.append(trajectory)
+    assert any(np.any(item) for item in runs[0][3::5])  # episode ends happened along the way
+    for sync_item, async_item in zip(*runs):
+        np.testing.assert_array_equal(np.asarray(sync_item), np.asarray(async_item))

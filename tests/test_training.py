@@ -76,3 +76,13 @@ def test_same_seed_same_losses(tmp_path):
     (tmp_path / "c").mkdir()
     assert run_python([*TINY, "--total-timesteps", "128", "--seed", "4"], cwd=tmp_path / "c").returncode == 0
     assert scalars(tmp_path / "c")["losses/value_loss"] != logs[0]["losses/value_loss"]  # the seed matters
+
+
+def test_speed_options_train(tmp_path):
+    result = run_python([*TINY, "--total-timesteps", "128", "--vector-env", "async", "--precision", "bf16"],
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    logged = assert_trained(tmp_path, iterations=2, global_batch=64)
+    for tag in ("perf/rollout_time", "perf/env_time", "perf/update_time", "perf/allreduce_time"):
+        assert len(logged[tag]) == 2 and all(value >= 0 for _, value in logged[tag]), tag
+    assert all(value > 0 for _, value in logged["perf/update_time"])

@@ -1,0 +1,289 @@
+"""Throughput of ppo_atari_multigpu.py against the floor this machine allows, measured in one run.
+
+    python benchmarks/throughput.py                      # all configurations that fit this machine
+    python benchmarks/throughput.py --seconds 20 --only "2x4 sync fp32"
+
+The floor: each process of a configuration measures, while the configuration's other processes do the
+same (so they contend for cores, caches and memory as the real run does), the time of one env step per
+agent step, one inference per observation, and one training pass (forward + backward + Adam) per sample
+with the fastest memory layout for the precision. An agent step costs env + inference + update_epochs x
+training, so the floor is the sum over processes of 1 / that cost: what the script would reach with no
+overhead at all (no loss math, all-reduce, GAE, logging or waiting on the slowest rank).
+
+The script's real steps/s come from torchrun runs of the real script, read from its TensorBoard log:
+steady state, from the end of the first iteration to the end of the last.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = Path(__file__).resolve().parent / "results"
+UPDATE_EPOCHS, NUM_STEPS, NUM_MINIBATCHES = 4, 128, 4
+
+
+@dataclass(frozen=True)
+class Config:
+    procs: int
+    envs: int
+    vector_env: str = "sync"
+    precision: str = "fp32"
+
+    @property
+    def name(self) -> str:
+        return f"{self.procs}x{self.envs} {self.vector_env} {self.precision}"
+
+
+def default_configs(cores: int, cuda: bool) -> list:
+    configs = [Config(1, 8), Config(1, 8, "async"), Config(2, 4), Config(2, 4, precision="bf16"), Config(2, 8)]
+    if cuda:  # one process, envs over all cores
+        configs += [Config(1, 8, "async", "bf16"), Config(1, 4 * cores, "async"), Config(1, 4 * cores, "async", "bf16")]
+    return configs
+
+
+# --------------------------------------------------------------------------------------------------
+# The floor
+# --------------------------------------------------------------------------------------------------
+def _best_seconds(fn, repeats: int, calls: int) -> float:
+    """Seconds per call: the best of `repeats` timings of `calls` calls (noise only ever adds time)."""
+    import torch
+
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _floor_worker(config: Config, threads: int, barrier, results, rank: int) -> None:
+    import numpy as np
+    import torch
+
+    import ppo_atari_multigpu as ppo
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    envs = ppo.make_vector_env("BreakoutNoFrameskip-v4", config.envs, kind=config.vector_env)
+    envs.reset(seed=[rank * config.envs + i for i in range(config.envs)])
+    rng = np.random.default_rng(rank)
+    barrier.wait()
+    env_step = _best_seconds(lambda: envs.step(rng.integers(4, size=config.envs)), repeats=3, calls=40)
+    envs.close()
+
+    minibatch = config.envs * NUM_STEPS // NUM_MINIBATCHES
+    obs = torch.randint(0, 256, (config.envs, 4, 84, 84), dtype=torch.uint8, device=device)
+    mb_obs = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
+    mb_actions = torch.randint(0, 4, (minibatch,), device=device)
+    bf16 = config.precision == "bf16"
+    best = {}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        agent = ppo.Agent(4).to(device, memory_format=layout)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=1e-4, eps=1e-5, fused=True)
+
+        def network(x):  # the bare network in this layout, the uint8 -> float scaling included
+            return agent.network(x.contiguous(memory_format=layout).float().div_(255.0))
+
+        def inference():
+            with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                hidden = network(obs)
+                torch.distributions.Categorical(logits=agent.actor(hidden).float(), validate_args=False).sample()
+                agent.critic(hidden)
+
+        def training():
+            with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                hidden = network(mb_obs)
+                logits, values = agent.actor(hidden).float(), agent.critic(hidden).float()
+            logprob = torch.log_softmax(logits, -1).gather(1, mb_actions[:, None])
+            loss = -logprob.mean() + values.pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        barrier.wait()
+        inference_time = _best_seconds(inference, repeats=3, calls=60) / config.envs
+        training_time = _best_seconds(training, repeats=3, calls=6) / minibatch
+        name = "channels_last" if layout is torch.channels_last else "NCHW"
+        best[name] = (inference_time, training_time)
+    results[rank] = {"env": env_step / config.envs, "layouts": best}
+
+
+def measure_floor(config: Config, cores: int) -> dict:
+    threads = max(1, cores // config.procs) if config.procs == 1 else 1
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(config.procs)
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        workers = [ctx.Process(target=_floor_worker, args=(config, threads, barrier, results, r))
+                   for r in range(config.procs)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        per_rank = [results[r] for r in range(config.procs)]
+    # The fastest layout over all ranks' measurements, per component.
+    env = sum(r["env"] for r in per_rank) / config.procs
+    layouts = {}
+    for name in per_rank[0]["layouts"]:
+        inference = sum(r["layouts"][name][0] for r in per_rank) / config.procs
+        training = sum(r["layouts"][name][1] for r in per_rank) / config.procs
+        layouts[name] = (inference, training, env + inference + UPDATE_EPOCHS * training)
+    best_layout = min(layouts, key=lambda n: layouts[n][2])
+    inference, training, step = layouts[best_layout]
+    return {"env_ms": env * 1e3, "inference_ms": inference * 1e3, "training_ms": training * 1e3,
+            "layout": best_layout, "layouts": layouts, "floor_sps": config.procs / step}
+
+
+# --------------------------------------------------------------------------------------------------
+# The real script
+# --------------------------------------------------------------------------------------------------
+def measure_script(config: Config, seconds: float, expected_sps: float) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    batch = config.procs * config.envs * NUM_STEPS
+    iterations = max(4, round(expected_sps * seconds / batch))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+           f"--nproc-per-node={config.procs}", str(ROOT / "ppo_atari_multigpu.py"),
+           "--local-num-envs", str(config.envs), "--vector-env", config.vector_env, "--precision", config.precision,
+           "--total-timesteps", str(iterations * batch), "--exp-name", "throughput"]
+    with tempfile.TemporaryDirectory() as workdir:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun picks, as for users
+        result = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=seconds * 6 + 300)
+        if result.returncode != 0:
+            raise RuntimeError(f"{config.name} failed:\n{result.stderr[-3000:]}")
+        (run_dir,) = Path(workdir, "runs").iterdir()
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        sps_events = acc.Scalars("charts/SPS")
+        first, last = sps_events[0], sps_events[-1]
+        perf = {tag.split("/")[1]: sum(e.value for e in acc.Scalars(tag)[1:]) / (len(sps_events) - 1)
+                for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    return {"sps": (last.step - first.step) / (last.wall_time - first.wall_time), "iterations": iterations,
+            "iteration_s": (last.wall_time - first.wall_time) / (len(sps_events) - 1), **perf}
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+def machine_description() -> dict:
+    import ale_py
+    import gymnasium
+    import numpy
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()).group(1)
+    except (OSError, AttributeError):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "gymnasium": gymnasium.__version__, "ale_py": ale_py.__version__,
+            "numpy": numpy.__version__}
+
+
+def write_report(machine_name: str, machine: dict, rows: list, seconds: float, command: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"throughput-{machine_name}.md"
+    lines = [
+        f"# Throughput on {machine_name}",
+        "",
+        f"Command: `{command}` ({seconds:.0f} s of training per configuration), "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()),
+        "",
+        "Agent steps per second, summed over processes. *Floor*: the best the script could reach here "
+        "(env step + inference + 4 training passes per agent step, measured with all of the configuration's "
+        "processes running at once, fastest layout). *Script*: torchrun of the real script, steady state.",
+        "",
+        "| configuration | script steps/s | floor steps/s | fraction of floor | env ms/step | inference ms/obs "
+        "| training ms/sample (layout) | rollout s/iter | update s/iter | all-reduce s/iter |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for config, floor, script in rows:
+        lines.append(
+            f"| {config.name} | {script['sps']:.0f} | {floor['floor_sps']:.0f} | "
+            f"{script['sps'] / floor['floor_sps']:.0%} | {floor['env_ms']:.3f} | {floor['inference_ms']:.3f} | "
+            f"{floor['training_ms']:.3f} ({floor['layout']}) | {script.get('rollout_time', 0):.2f} | "
+            f"{script.get('update_time', 0):.2f} | {script.get('allreduce_time', 0):.3f} |"
+        )
+    lines += ["", "Floor per layout (inference ms/obs, training ms/sample, floor steps/s):", ""]
+    for config, floor, _ in rows:
+        per_layout = "; ".join(f"{name}: {inf * 1e3:.3f}, {tr * 1e3:.3f}, {config.procs / step:.0f}"
+                               for name, (inf, tr, step) in floor["layouts"].items())
+        lines.append(f"- {config.name}: {per_layout}")
+    by_name = {config.name: script["sps"] for config, _, script in rows}
+    ratios = []
+    if "1x8 async fp32" in by_name and "1x8 sync fp32" in by_name:
+        ratios.append(f"- async / sync (1 process x 8 envs): {by_name['1x8 async fp32'] / by_name['1x8 sync fp32']:.2f}x")
+    if "2x4 sync bf16" in by_name and "2x4 sync fp32" in by_name:
+        ratios.append(f"- bf16 / fp32 (2 processes x 4 envs): {by_name['2x4 sync bf16'] / by_name['2x4 sync fp32']:.2f}x")
+    if ratios:
+        lines += ["", "Ratios in this run:", "", *ratios]
+    path.write_text("\n".join(lines) + "\n")
+    write_chart(RESULTS / f"throughput-{machine_name}.png", machine_name, rows)
+    return path
+
+
+def write_chart(path: Path, machine_name: str, rows: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [config.name for config, _, _ in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
+    ax.bar([i - 0.2 for i in x], [floor["floor_sps"] for _, floor, _ in rows], 0.4, label="floor", color="#bbbbbb")
+    ax.bar([i + 0.2 for i in x], [script["sps"] for _, _, script in rows], 0.4, label="script", color="#3060c0")
+    ax.set_xticks(list(x), names, rotation=20, ha="right")
+    ax.set_ylabel("agent steps / s")
+    ax.set_title(f"ppo_atari_multigpu.py throughput, {machine_name}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60, help="training time per script run")
+    parser.add_argument("--machine", default=None, help="name used in the results file (default: from the CPU/GPU)")
+    parser.add_argument("--only", nargs="*", default=None, help="configuration names to run, e.g. '2x4 sync fp32'")
+    opts = parser.parse_args()
+
+    cores = os.cpu_count()
+    cuda = torch.cuda.is_available()
+    machine = machine_description()
+    machine_name = opts.machine or re.sub(r"[^a-z0-9]+", "-", (machine["gpu"] if cuda else f"cpu{cores}").lower())
+    configs = [c for c in default_configs(cores, cuda) if opts.only is None or c.name in opts.only]
+    rows = []
+    for config in configs:
+        floor = measure_floor(config, cores)
+        script = measure_script(config, opts.seconds, floor["floor_sps"])
+        rows.append((config, floor, script))
+        print(f"{config.name}: script {script['sps']:.0f} steps/s, floor {floor['floor_sps']:.0f} "
+              f"({script['sps'] / floor['floor_sps']:.0%})", flush=True)
+    command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
+    print(f"wrote {write_report(machine_name, machine, rows, opts.seconds, command.strip())}")
+
+
+if __name__ == "__main__":
+    main()
