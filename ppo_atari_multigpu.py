@@ -551,32 +551,32 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
         # ---- Rollout: num_steps steps in each of this rank's envs ----
         rollout_start = time.perf_counter()
         episodes = []  # (global_step, return, length) of games that ended on this rank
-        for step in range(args.num_steps):
-            global_step += sizes.num_envs
-            obs[step] = next_obs
-            dones[step] = next_done
-            with torch.no_grad(), autocast():
+        # One autocast region for the whole rollout: under bf16 the weights are cast once, not at every step.
+        with torch.no_grad(), autocast():
+            for step in range(args.num_steps):
+                global_step += sizes.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
-            values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
+                values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
 
-            with env_timer():
-                next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # A time-limit truncation is not a real end: bootstrap from the value of the final observation.
-            truncated_only = truncations & ~terminations
-            if truncated_only.any():
-                final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated_only]), device=device)
-                with torch.no_grad(), autocast():
+                with env_timer():
+                    next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                # A time-limit truncation is not a real end: bootstrap from the value of the final observation.
+                truncated_only = truncations & ~terminations
+                if truncated_only.any():
+                    final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated_only]), device=device)
                     reward[truncated_only] += args.gamma * agent.get_value(final_obs).flatten().cpu().numpy()
-            rewards[step] = torch.as_tensor(reward, device=device)
-            next_obs = torch.as_tensor(next_obs_np, device=device)
-            next_done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
-            if "final_info" in infos and "episode" in infos["final_info"]:
-                finished = infos["final_info"]["_episode"]
-                for r, l in zip(infos["final_info"]["episode"]["r"][finished],
-                                infos["final_info"]["episode"]["l"][finished]):
-                    episodes.append((global_step, float(r), int(l)))
+                rewards[step] = torch.as_tensor(reward, device=device)
+                next_obs = torch.as_tensor(next_obs_np, device=device)
+                next_done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
+                if "final_info" in infos and "episode" in infos["final_info"]:
+                    finished = infos["final_info"]["_episode"]
+                    for r, l in zip(infos["final_info"]["episode"]["r"][finished],
+                                    infos["final_info"]["episode"]["l"][finished]):
+                        episodes.append((global_step, float(r), int(l)))
 
         rollout_time = time.perf_counter() - rollout_start
 

@@ -54,20 +54,22 @@ def default_configs(cores: int, cuda: bool) -> list:
 # --------------------------------------------------------------------------------------------------
 # The floor
 # --------------------------------------------------------------------------------------------------
-def _best_seconds(fn, repeats: int, calls: int) -> float:
-    """Seconds per call: the best of `repeats` timings of `calls` calls (noise only ever adds time)."""
+def _median_seconds(fn, repeats: int, calls: int) -> float:
+    """Seconds per call: the median of `repeats` timings of `calls` calls, after one warm-up call."""
+    import statistics
+
     import torch
 
     fn()
-    best = float("inf")
+    timings = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+        timings.append((time.perf_counter() - start) / calls)
+    return statistics.median(timings)
 
 
 def _floor_worker(config: Config, threads: int, barrier, results, rank: int) -> None:
@@ -79,18 +81,13 @@ def _floor_worker(config: Config, threads: int, barrier, results, rank: int) -> 
     torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     envs = ppo.make_vector_env("BreakoutNoFrameskip-v4", config.envs, kind=config.vector_env)
-    envs.reset(seed=[rank * config.envs + i for i in range(config.envs)])
-    rng = np.random.default_rng(rank)
-    barrier.wait()
-    env_step = _best_seconds(lambda: envs.step(rng.integers(4, size=config.envs)), repeats=3, calls=40)
-    envs.close()
-
-    minibatch = config.envs * NUM_STEPS // NUM_MINIBATCHES
-    obs = torch.randint(0, 256, (config.envs, 4, 84, 84), dtype=torch.uint8, device=device)
-    mb_obs = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
-    mb_actions = torch.randint(0, 4, (minibatch,), device=device)
+    next_obs, _ = envs.reset(seed=[rank * config.envs + i for i in range(config.envs)])
+    local_batch = config.envs * NUM_STEPS
+    minibatch = local_batch // NUM_MINIBATCHES
+    batch_obs = torch.randint(0, 256, (local_batch, 4, 84, 84), dtype=torch.uint8, device=device)
+    batch_actions = torch.randint(0, 4, (local_batch,), device=device)
     bf16 = config.precision == "bf16"
-    best = {}
+    per_layout = {}
     for layout in (torch.contiguous_format, torch.channels_last):
         agent = ppo.Agent(4).to(device, memory_format=layout)
         optimizer = torch.optim.Adam(agent.parameters(), lr=1e-4, eps=1e-5, fused=True)
@@ -98,28 +95,50 @@ def _floor_worker(config: Config, threads: int, barrier, results, rank: int) -> 
         def network(x):  # the bare network in this layout, the uint8 -> float scaling included
             return agent.network(x.contiguous(memory_format=layout).float().div_(255.0))
 
-        def inference():
-            with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-                hidden = network(obs)
-                torch.distributions.Categorical(logits=agent.actor(hidden).float(), validate_args=False).sample()
+        def act(obs):  # called inside one autocast region per rollout, as the script does
+            with torch.no_grad():
+                hidden = network(torch.as_tensor(obs, device=device))
                 agent.critic(hidden)
+                logits = agent.actor(hidden).float()
+                return torch.distributions.Categorical(logits=logits, validate_args=False).sample().cpu().numpy()
 
-        def training():
-            with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-                hidden = network(mb_obs)
-                logits, values = agent.actor(hidden).float(), agent.critic(hidden).float()
-            logprob = torch.log_softmax(logits, -1).gather(1, mb_actions[:, None])
-            loss = -logprob.mean() + values.pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        # Rollout: env steps and inferences alternate, as in any synchronous rollout (each evicts the
+        # other's data from the caches, so timing them apart understates the cost; both are reported).
+        def rollout_step():
+            nonlocal next_obs
+            start = time.perf_counter()
+            actions = act(next_obs)
+            middle = time.perf_counter()
+            next_obs, *_ = envs.step(actions)
+            timings.append((middle - start, time.perf_counter() - middle))
+
+        def training_epoch():  # one pass over the local batch in random minibatches
+            permutation = torch.randperm(local_batch, device=device)
+            for start in range(0, local_batch, minibatch):
+                index = permutation[start : start + minibatch]
+                with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                    hidden = network(batch_obs[index])
+                    logits, values = agent.actor(hidden).float(), agent.critic(hidden).float()
+                logprob = torch.log_softmax(logits, -1).gather(1, batch_actions[index, None])
+                loss = -logprob.mean() + values.pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
 
         barrier.wait()
-        inference_time = _best_seconds(inference, repeats=3, calls=60) / config.envs
-        training_time = _best_seconds(training, repeats=3, calls=6) / minibatch
+        timings = []
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            _median_seconds(rollout_step, repeats=1, calls=64)
+            timings.sort(key=sum)
+            inference, env_step = timings[len(timings) // 2]
+            inference_alone = _median_seconds(lambda: act(next_obs), repeats=5, calls=20)
+        barrier.wait()
+        training = _median_seconds(training_epoch, repeats=3, calls=1) / local_batch
         name = "channels_last" if layout is torch.channels_last else "NCHW"
-        best[name] = (inference_time, training_time)
-    results[rank] = {"env": env_step / config.envs, "layouts": best}
+        per_layout[name] = {"env": env_step / config.envs, "inference": inference / config.envs,
+                            "inference_alone": inference_alone / config.envs, "training": training}
+    envs.close()
+    results[rank] = per_layout
 
 
 def measure_floor(config: Config, cores: int) -> dict:
@@ -135,17 +154,14 @@ def measure_floor(config: Config, cores: int) -> dict:
         for w in workers:
             w.join()
         per_rank = [results[r] for r in range(config.procs)]
-    # The fastest layout over all ranks' measurements, per component.
-    env = sum(r["env"] for r in per_rank) / config.procs
+    # Per layout: the mean over ranks of each component; the floor takes the fastest layout.
     layouts = {}
-    for name in per_rank[0]["layouts"]:
-        inference = sum(r["layouts"][name][0] for r in per_rank) / config.procs
-        training = sum(r["layouts"][name][1] for r in per_rank) / config.procs
-        layouts[name] = (inference, training, env + inference + UPDATE_EPOCHS * training)
-    best_layout = min(layouts, key=lambda n: layouts[n][2])
-    inference, training, step = layouts[best_layout]
-    return {"env_ms": env * 1e3, "inference_ms": inference * 1e3, "training_ms": training * 1e3,
-            "layout": best_layout, "layouts": layouts, "floor_sps": config.procs / step}
+    for name in per_rank[0]:
+        mean = {key: sum(r[name][key] for r in per_rank) / config.procs for key in per_rank[0][name]}
+        step = mean["env"] + mean["inference"] + UPDATE_EPOCHS * mean["training"]
+        layouts[name] = {**mean, "floor_sps": config.procs / step}
+    best = max(layouts, key=lambda n: layouts[n]["floor_sps"])
+    return {"layout": best, "layouts": layouts, **layouts[best]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,39 +218,41 @@ def write_report(machine_name: str, machine: dict, rows: list, seconds: float, c
     lines = [
         f"# Throughput on {machine_name}",
         "",
-        f"Command: `{command}` ({seconds:.0f} s of training per configuration), "
-        f"{time.strftime('%Y-%m-%d')}.",
+        f"Command: `{command}` ({seconds:.0f} s of training per configuration), {time.strftime('%Y-%m-%d')}.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()),
         "",
-        "Agent steps per second, summed over processes. *Floor*: the best the script could reach here "
-        "(env step + inference + 4 training passes per agent step, measured with all of the configuration's "
-        "processes running at once, fastest layout). *Script*: torchrun of the real script, steady state.",
+        "Agent steps per second, summed over processes. *Floor*: the best the script could reach here: per "
+        "agent step, one env step + one inference + 4 training passes (forward, backward, Adam), timed with "
+        "all of the configuration's processes running at once, in the fastest memory layout, with nothing "
+        "else (no loss bookkeeping, all-reduce, advantage computation, logging, or waiting for other ranks). "
+        "*Script*: the real script under torchrun, steady state from its TensorBoard log. Env and inference "
+        "are timed alternating, as in a rollout; the inference timed alone is shown for comparison.",
         "",
         "| configuration | script steps/s | floor steps/s | fraction of floor | env ms/step | inference ms/obs "
-        "| training ms/sample (layout) | rollout s/iter | update s/iter | all-reduce s/iter |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(alone) | training ms/sample | layout | script: rollout s/iter | update s/iter | all-reduce s/iter |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, floor, script in rows:
         lines.append(
             f"| {config.name} | {script['sps']:.0f} | {floor['floor_sps']:.0f} | "
-            f"{script['sps'] / floor['floor_sps']:.0%} | {floor['env_ms']:.3f} | {floor['inference_ms']:.3f} | "
-            f"{floor['training_ms']:.3f} ({floor['layout']}) | {script.get('rollout_time', 0):.2f} | "
-            f"{script.get('update_time', 0):.2f} | {script.get('allreduce_time', 0):.3f} |"
+            f"{script['sps'] / floor['floor_sps']:.0%} | {floor['env'] * 1e3:.3f} | {floor['inference'] * 1e3:.3f} "
+            f"({floor['inference_alone'] * 1e3:.3f}) | {floor['training'] * 1e3:.3f} | {floor['layout']} | "
+            f"{script.get('rollout_time', 0):.2f} | {script.get('update_time', 0):.2f} | "
+            f"{script.get('allreduce_time', 0):.3f} |"
         )
-    lines += ["", "Floor per layout (inference ms/obs, training ms/sample, floor steps/s):", ""]
+    lines += ["", "Floor per layout (env ms/step, inference ms/obs, training ms/sample, floor steps/s):", ""]
     for config, floor, _ in rows:
-        per_layout = "; ".join(f"{name}: {inf * 1e3:.3f}, {tr * 1e3:.3f}, {config.procs / step:.0f}"
-                               for name, (inf, tr, step) in floor["layouts"].items())
-        lines.append(f"- {config.name}: {per_layout}")
+        lines.append(f"- {config.name}: " + "; ".join(
+            f"{name}: {m['env'] * 1e3:.3f}, {m['inference'] * 1e3:.3f}, {m['training'] * 1e3:.3f}, "
+            f"{m['floor_sps']:.0f}" for name, m in floor["layouts"].items()))
     by_name = {config.name: script["sps"] for config, _, script in rows}
-    ratios = []
-    if "1x8 async fp32" in by_name and "1x8 sync fp32" in by_name:
-        ratios.append(f"- async / sync (1 process x 8 envs): {by_name['1x8 async fp32'] / by_name['1x8 sync fp32']:.2f}x")
-    if "2x4 sync bf16" in by_name and "2x4 sync fp32" in by_name:
-        ratios.append(f"- bf16 / fp32 (2 processes x 4 envs): {by_name['2x4 sync bf16'] / by_name['2x4 sync fp32']:.2f}x")
+    ratios = [f"- {label}: {by_name[a] / by_name[b]:.2f}x" for label, a, b in [
+        ("async / sync, 1 process x 8 envs", "1x8 async fp32", "1x8 sync fp32"),
+        ("bf16 / fp32, 2 processes x 4 envs", "2x4 sync bf16", "2x4 sync fp32"),
+    ] if a in by_name and b in by_name]
     if ratios:
-        lines += ["", "Ratios in this run:", "", *ratios]
+        lines += ["", "Ratios of script steps/s in this run:", "", *ratios]
     path.write_text("\n".join(lines) + "\n")
     write_chart(RESULTS / f"throughput-{machine_name}.png", machine_name, rows)
     return path

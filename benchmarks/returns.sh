@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Learning benchmark: the exact commands behind benchmarks/results/learning-*.md.
+#
+#   bash benchmarks/returns.sh cpu   # CPU-budget protocol: Breakout, 1M steps, 2 processes x 4 envs
+#   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
+#                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
+#
+# TensorBoard logs land in benchmarks/results/learning-<protocol>/runs/; summarise them with
+#   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+protocol="${1:?usage: returns.sh cpu|gpu}"
+out="$root/benchmarks/results/learning-$protocol"
+mkdir -p "$out"
+cd "$out"
+
+run() {  # run <nproc> <exp-name> <args...>
+    local nproc="$1" name="$2"
+    shift 2
+    echo "== $(date -u +%FT%TZ) $name $*"
+    torchrun --standalone --nnodes=1 --nproc-per-node="$nproc" "$root/ppo_atari_multigpu.py" --exp-name "$name" "$@"
+}
+
+case "$protocol" in
+cpu)
+    for seed in 1 2; do
+        run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed"
+    done
+    run 2 2x4-bf16 --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed 1 --precision bf16
+    run 2 2x4-async --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed 1 --vector-env async
+    ;;
+gpu)
+    for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do
+        for seed in 1 2 3; do
+            run 1 1x8 --env-id "$env" --total-timesteps 10000000 --local-num-envs 8 --seed "$seed" --vector-env async
+            run 2 2x4 --env-id "$env" --total-timesteps 10000000 --local-num-envs 4 --seed "$seed" --vector-env async
+        done
+    done
+    ;;
+*)
+    echo "unknown protocol '$protocol' (cpu or gpu)" >&2
+    exit 2
+    ;;
+esac
