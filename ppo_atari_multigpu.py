@@ -17,12 +17,14 @@ so a run with N processes does the same number of updates on N times as much dat
 import hashlib
 import os
 import random
+import signal
 import socket
 import sys
 import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
 import ale_py
@@ -96,6 +98,22 @@ class Args:
     precision: Literal["fp32", "bf16"] = "fp32"
     """network forward/backward in fp32, or under bf16 autocast (weights, optimiser, losses stay fp32)"""
 
+    # Long runs: checkpoints, resume, evaluation
+    checkpoint_interval_minutes: float = 5.0
+    """minutes between checkpoints in `checkpoints/<env_id>__<exp_name>__<seed>` (0: only at the end)"""
+    checkpoint_keep: int = 3
+    """how many of the most recent checkpoints to keep"""
+    resume: Optional[str] = None
+    """a checkpoint to continue from, or `auto`: the latest checkpoint of this run, if there is one"""
+    eval_checkpoint: Optional[str] = None
+    """evaluate this checkpoint (or final model) instead of training"""
+    eval_episodes: int = 10
+    """number of full games to play when evaluating"""
+    eval_final: bool = False
+    """after training, play eval_episodes games with the final model (global rank 0)"""
+    cost_per_hour: Optional[float] = None
+    """price per hour of the whole job, to report the run's cost in the summary"""
+
 
 class ConfigError(Exception):
     """A setting that cannot work; reported as one line, before any process waits on another."""
@@ -130,6 +148,11 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
     for name in ("total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.eval_episodes <= 0 or args.checkpoint_keep <= 0 or args.checkpoint_interval_minutes < 0:
+        raise ConfigError("--eval-episodes and --checkpoint-keep must be positive, "
+                          "--checkpoint-interval-minutes at least 0")
+    if args.eval_checkpoint and world_size > 1:
+        raise ConfigError("--eval-checkpoint runs in one process: start it with python, not torchrun")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -429,6 +452,136 @@ class SectionTimer:
         return total
 
 
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints: written by global rank 0, atomically, so a crash leaves the old file or the new one.
+# ---------------------------------------------------------------------------------------------------
+EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_NON_FINITE = 2, 3, 4
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file in the same folder, flush it to disk, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(state: dict, directory: Path, keep: int) -> Path:
+    path = directory / f"checkpoint_{state['global_step']:012d}.pt"
+    atomic_save(state, path)
+    for old in sorted(directory.glob("checkpoint_*.pt"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def latest_checkpoint(directory: Path) -> Optional[Path]:
+    checkpoints = sorted(directory.glob("checkpoint_*.pt"))
+    return checkpoints[-1] if checkpoints else None
+
+
+def load_checkpoint(path: Path, required=("model", "args")) -> dict:
+    """Load a checkpoint on the CPU, refusing unreadable or incomplete files with a one-line reason."""
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch reports truncation and corruption with several exception types
+        raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): {str(e).splitlines()[0]}") from None
+    missing = [key for key in required if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ConfigError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    return state
+
+
+def check_resume(saved: dict, args: Args, world_size: int) -> list:
+    """Refuse a resume that cannot continue the same run; return notes on the settings that changed."""
+    old = saved["args"]
+    if old["env_id"] != args.env_id:
+        raise ConfigError(f"cannot resume: the checkpoint trained {old['env_id']}, not {args.env_id}")
+    old_batch = old["local_num_envs"] * old["num_steps"] * saved["world_size"]
+    new_batch = batch_sizes(args, world_size).batch_size
+    if old_batch != new_batch:
+        raise ConfigError(f"cannot resume: the checkpoint's global batch was {old_batch} transitions, this run's is "
+                          f"{new_batch}; keep processes x local_num_envs x num_steps the same")
+    run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "cost_per_hour", "capture_video",
+                 "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env"}
+    notes = [f"{key} {old[key]} -> {value}" for key, value in asdict(args).items()
+             if key not in run_local and key in old and old[key] != value]
+    if saved["world_size"] != world_size:
+        notes.append(f"world size {saved['world_size']} -> {world_size} (action sampling reseeded)")
+    return notes
+
+
+def rng_state(device: torch.device) -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class StopRequest:
+    """Records SIGTERM / SIGINT / SIGUSR1; training stops at the end of the iteration, on every rank, after a
+    checkpoint. A process stuck in C++ (a collective whose peer died) cannot run this handler: torchrun's
+    SIGKILL, 30 s after its SIGTERM, ends it."""
+
+    def __init__(self):
+        self.signal_name = None
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal_name = signal.Signals(signum).name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------------
+def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device, seed: int,
+             video_dir: Optional[str] = None) -> list:
+    """Play `episodes` full games with the saved policy (actions sampled from it); print and return the returns."""
+    state = load_checkpoint(Path(model_path))
+    env_id = state["args"]["env_id"]
+    envs = make_vector_env(env_id, min(num_envs, episodes), video_dir)
+    agent = Agent(envs.single_action_space.n).to(device, memory_format=torch.channels_last)
+    agent.load_state_dict(state["model"])
+    agent.eval()
+    torch.manual_seed(seed)
+    returns = []
+    next_obs, _ = envs.reset(seed=[seed + i for i in range(envs.num_envs)])
+    with torch.no_grad():
+        while len(returns) < episodes:
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
+            next_obs, _, _, _, infos = envs.step(action.cpu().numpy())
+            if "final_info" in infos and "episode" in infos["final_info"]:
+                for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:
+                    if len(returns) < episodes:
+                        returns.append(float(r))
+                        print(f"eval episode {len(returns)}/{episodes}: return {r:.1f}", flush=True)
+    envs.close()
+    print(f"eval {env_id} ({model_path}): {np.mean(returns):.2f} +- {np.std(returns):.2f} over {episodes} games",
+          flush=True)
+    return returns
+
+
+def report_error(message: str, local_rank: int) -> None:
+    if local_rank == 0:  # one line per node; every rank exits non-zero
+        print(f"{os.path.basename(__file__)}: error: {message}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     args = tyro.cli(Args)
     # Set by torchrun; a plain `python` launch is a job of one process.
@@ -444,18 +597,28 @@ def main() -> None:
     try:
         cuda_device_count = torch.cuda.device_count() if args.cuda and torch.cuda.is_available() else 0
         backend = check_args(args, WORLD_SIZE, LOCAL_WORLD_SIZE, cuda_device_count)
-        check_env_id(args.env_id)
         if args.capture_video:
             _require_moviepy()
+        if args.eval_checkpoint:
+            device = torch.device("cuda" if cuda_device_count else "cpu")
+            evaluate(args.eval_checkpoint, args.eval_episodes, args.local_num_envs, device, args.seed,
+                     f"videos/eval__{Path(args.eval_checkpoint).stem}" if args.capture_video else None)
+            return
+        check_env_id(args.env_id)
     except ConfigError as e:
-        if LOCAL_RANK == 0:  # one line per node; every rank exits non-zero
-            print(f"{os.path.basename(__file__)}: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        report_error(str(e), LOCAL_RANK)
+        sys.exit(EXIT_CONFIG_ERROR)
+
     sizes = batch_sizes(args, WORLD_SIZE)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_id = f"{args.env_id}__{args.exp_name}__{args.seed}"
+    run_name = f"{run_id}__{int(time.time())}"
     # Envs (and their subprocesses, with --vector-env async) start before the process group's threads.
+    # Async env workers inherit an ignored SIGINT: Ctrl-C then reaches the training process alone, which
+    # stops cleanly, instead of killing the env workers under it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs = make_vector_env(args.env_id, args.local_num_envs,
                            f"videos/{run_name}" if args.capture_video and master_process else None, args.vector_env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     if cuda_device_count:
         device = torch.device("cuda", args.device_ids[LOCAL_RANK] if args.device_ids else LOCAL_RANK)
@@ -463,23 +626,55 @@ def main() -> None:
     else:
         device = torch.device("cpu")
     if distributed:
-        dist.init_process_group(backend, rank=RANK, world_size=WORLD_SIZE)
+        # torchrun keeps one store across elastic restarts: key each attempt apart, or a restarted rank can
+        # read the dead attempt's addresses (gloo then fails with "Connection refused").
+        store, _, _ = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store), rank=RANK,
+                                world_size=WORLD_SIZE)
     try:
-        train(args, sizes, envs, run_name, device, backend, RANK, WORLD_SIZE, master_process)
+        exit_code = train(args, sizes, envs, run_id, run_name, device, backend, RANK, WORLD_SIZE, master_process)
+    except ConfigError as e:  # a refused resume: every rank received the same verdict from rank 0
+        report_error(str(e), LOCAL_RANK)
+        exit_code = EXIT_CONFIG_ERROR
     finally:
         envs.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+    sys.exit(exit_code)
 
 
-def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: str, device: torch.device,
-          backend: str, rank: int, world_size: int, master_process: bool) -> None:
+def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_id: str, run_name: str,
+          device: torch.device, backend: str, rank: int, world_size: int, master_process: bool) -> int:
+    """The training loop; returns the process exit code (0 finished, 3 interrupted, 4 non-finite)."""
+    checkpoint_dir = Path("checkpoints") / run_id
+
+    # ---- Resume: rank 0 reads and checks the checkpoint, every rank gets the same state (or refusal) ----
+    resumed = None
+    if args.resume:
+        verdict = [None]
+        if master_process:
+            try:
+                path = latest_checkpoint(checkpoint_dir) if args.resume == "auto" else Path(args.resume)
+                if path is not None:
+                    saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step",
+                                                            "args", "world_size", "rng", "run_name"))
+                    verdict = [(path, saved, check_resume(saved, args, world_size))]
+            except ConfigError as e:
+                verdict = [e]
+        if world_size > 1:
+            dist.broadcast_object_list(verdict, src=0)
+        if isinstance(verdict[0], ConfigError):
+            raise verdict[0]
+        resumed = verdict[0]
+
     seeds = env_seeds(args.seed, rank, args.local_num_envs)
-    ranks = [None] * world_size
+    if resumed:  # fresh env seeds per restart, still distinct across the job
+        seeds = env_seeds(args.seed + resumed[1]["iteration"] * sizes.num_envs, rank, args.local_num_envs)
+    ranks = [(rank, socket.gethostname(), str(device), seeds)]
     if world_size > 1:
+        ranks = [None] * world_size
         dist.all_gather_object(ranks, (rank, socket.gethostname(), str(device), seeds))
-    else:
-        ranks = [(rank, socket.gethostname(), str(device), seeds)]
     if master_process:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
         print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'} | NCCL {nccl} | "
@@ -492,17 +687,6 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
         note = classic_settings_note(args.env_id)
         if note:
             print(note, flush=True)
-
-    writer = None
-    if master_process:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(f"runs/{run_name}")
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **asdict(sizes),
-                                                                          "world_size": world_size}.items()),
-        )
 
     # Same seed on every rank: identical initial weights (and a broadcast to be sure across machines).
     random.seed(args.seed)
@@ -517,6 +701,7 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
             dist.broadcast(p.data, src=0)
     flat_grad = flat_gradient_buffer(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
     def autocast():
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
@@ -524,6 +709,38 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
+
+    start_iteration, global_step, elapsed_before = 1, 0, 0.0
+    recent_returns = deque(maxlen=100)
+    if resumed:
+        path, saved, notes = resumed
+        agent.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        start_iteration, global_step = saved["iteration"] + 1, saved["global_step"]
+        elapsed_before, run_name = saved["elapsed"], saved["run_name"]
+        recent_returns.extend(saved["recent_returns"])
+        if saved["world_size"] == world_size:
+            set_rng_state(saved["rng"][rank], device)
+        else:
+            torch.manual_seed(args.seed + rank + saved["iteration"] * world_size)
+        if master_process:
+            print(f"resumed from {path} at iteration {saved['iteration']} (global step {global_step:,}), "
+                  f"parameter digest {parameter_digest(agent)}", flush=True)
+            for note in notes:
+                print(f"note: resuming with a changed setting: {note}", flush=True)
+
+    writer = None
+    if master_process:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops what an interrupted run logged after its last checkpoint: no duplicated steps.
+        writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if resumed else None)
+        if not resumed:
+            writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), **asdict(sizes),
+                                                                              "world_size": world_size}.items()),
+            )
 
     # Rollout storage; observations stay uint8 (the network scales them).
     obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape,
@@ -535,15 +752,32 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
     values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
 
     env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
-    global_step = 0
     start_time = time.time()
-    last_print = 0.0
-    recent_returns = deque(maxlen=100)
+    start_step = global_step
+    last_print, last_checkpoint_time = 0.0, time.time()
+    last_checkpoint = latest_checkpoint(checkpoint_dir)
+    exit_code = 0
     next_obs_np, _ = envs.reset(seed=seeds)
     next_obs = torch.as_tensor(next_obs_np, device=device)
     next_done = torch.zeros(args.local_num_envs, device=device)
 
-    for iteration in range(1, sizes.num_iterations + 1):
+    def checkpoint_state(iteration: int) -> Optional[dict]:
+        """Everything needed to continue; a collective (every rank's RNG state), complete on rank 0 only."""
+        rng = [rng_state(device)]
+        if world_size > 1:
+            rng = [None] * world_size if master_process else None
+            dist.gather_object(rng_state(device), rng, dst=0)
+        if not master_process:
+            return None
+        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
+                "global_step": global_step, "args": asdict(args), "world_size": world_size, "rng": rng,
+                "run_name": run_name, "elapsed": elapsed_before + time.time() - start_time,
+                "recent_returns": list(recent_returns)}
+
+    # Signals are caught from here on; before, they end a process that has nothing to save yet.
+    stop = StopRequest()
+    iteration = start_iteration - 1
+    for iteration in range(start_iteration, sizes.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / sizes.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -597,6 +831,7 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
         update_start = time.perf_counter()
         stats = torch.zeros(6, device=device)  # pg, v, entropy, old kl, kl, clipfrac summed over minibatches
         num_updates = 0
+        finite = torch.ones((), dtype=torch.bool, device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device)
             for start in range(0, sizes.local_batch_size, sizes.local_minibatch_size):
@@ -638,8 +873,9 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
                 loss.backward()
                 with allreduce_timer():
                     all_reduce_mean_(flat_grad, world_size)
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                finite &= torch.isfinite(loss) & torch.isfinite(grad_norm)  # checked once per iteration
                 stats += torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(),
                                       old_approx_kl, approx_kl, clipfrac])
                 num_updates += 1
@@ -656,53 +892,100 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_name: s
         update_time = time.perf_counter() - update_start
         env_time, allreduce_time = env_timer.pop_seconds(), allreduce_timer.pop_seconds()
 
-        # ---- Bookkeeping: gather finished games to rank 0, log once per iteration ----
+        # ---- Bookkeeping: agree on stopping / checkpointing, gather finished games, log on rank 0 ----
+        checkpoint_due = (args.checkpoint_interval_minutes > 0
+                          and time.time() - last_checkpoint_time >= 60 * args.checkpoint_interval_minutes)
+        control = torch.tensor([stop.signal_name is not None, checkpoint_due and master_process, not finite],
+                               dtype=torch.int32, device=device)
+        if world_size > 1:
+            dist.all_reduce(control, op=dist.ReduceOp.MAX)
+        stop_now, checkpoint_now, non_finite = control.tolist()
+        if non_finite:
+            # The weights may already hold NaN: write nothing, so the last checkpoint stays the last good one.
+            if master_process:
+                print(f"error: non-finite loss or gradient at iteration {iteration} (global step {global_step:,}); "
+                      f"stopping without writing a checkpoint. Last good checkpoint: {last_checkpoint or 'none'}",
+                      file=sys.stderr, flush=True)
+            exit_code = EXIT_NON_FINITE
+            break
         if world_size > 1:
             gathered = [None] * world_size if master_process else None
             dist.gather_object(episodes, gathered, dst=0)
             episodes = [e for rank_episodes in gathered for e in rank_episodes] if master_process else []
-        if not master_process:
-            continue
-        for step_at_end, episodic_return, episodic_length in sorted(episodes):
-            writer.add_scalar("charts/episodic_return", episodic_return, step_at_end)
-            writer.add_scalar("charts/episodic_length", episodic_length, step_at_end)
-            recent_returns.append(episodic_return)
-        pg, v, ent, old_kl, kl, clipfrac_mean = (stats / num_updates).tolist()
-        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-        sps = int(global_step / (time.time() - start_time))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", v, global_step)
-        writer.add_scalar("losses/policy_loss", pg, global_step)
-        writer.add_scalar("losses/entropy", ent, global_step)
-        writer.add_scalar("losses/old_approx_kl", old_kl, global_step)
-        writer.add_scalar("losses/approx_kl", kl, global_step)
-        writer.add_scalar("losses/clipfrac", clipfrac_mean, global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/env_time", env_time, global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)
-        writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
-        now = time.time()
-        if now - last_print >= 10 or iteration in (1, sizes.num_iterations):
-            last_print = now
-            eta = (now - start_time) / iteration * (sizes.num_iterations - iteration)
-            mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-            print(f"iter {iteration}/{sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
-                  f"return {mean_return} (last {len(recent_returns)}) | eta {_format_duration(eta)}", flush=True)
+        if checkpoint_now or stop_now:
+            state = checkpoint_state(iteration)
+            if master_process:
+                last_checkpoint = save_checkpoint(state, checkpoint_dir, args.checkpoint_keep)
+            last_checkpoint_time = time.time()
+        if master_process:
+            for step_at_end, episodic_return, episodic_length in sorted(episodes):
+                writer.add_scalar("charts/episodic_return", episodic_return, step_at_end)
+                writer.add_scalar("charts/episodic_length", episodic_length, step_at_end)
+                recent_returns.append(episodic_return)
+            pg, v, ent, old_kl, kl, clipfrac_mean = (stats / num_updates).tolist()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v, global_step)
+            writer.add_scalar("losses/policy_loss", pg, global_step)
+            writer.add_scalar("losses/entropy", ent, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_kl, global_step)
+            writer.add_scalar("losses/approx_kl", kl, global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac_mean, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+            writer.add_scalar("perf/env_time", env_time, global_step)
+            writer.add_scalar("perf/update_time", update_time, global_step)
+            writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
+            now = time.time()
+            if now - last_print >= 10 or iteration in (start_iteration, sizes.num_iterations):
+                last_print = now
+                eta = (now - start_time) / (iteration - start_iteration + 1) * (sizes.num_iterations - iteration)
+                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
+                print(f"iter {iteration}/{sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
+                      f"return {mean_return} (last {len(recent_returns)}) | eta {_format_duration(eta)}", flush=True)
+        if stop_now:
+            if master_process:
+                print(f"stopping on {stop.signal_name or 'a signal to another rank'} after iteration {iteration}; "
+                      f"resume with --resume auto", flush=True)
+            exit_code = EXIT_INTERRUPTED
+            break
 
-    # Data parallelism is only correct while every rank holds the same weights: check it once at the end.
-    digests = [parameter_digest(agent)]
-    if world_size > 1:
-        digests = [None] * world_size
-        dist.all_gather_object(digests, parameter_digest(agent))
+    if exit_code == 0:
+        # The end of the run: a last checkpoint (to resume with more steps) and the final model.
+        state = checkpoint_state(iteration)
+        if master_process:
+            last_checkpoint = save_checkpoint(state, checkpoint_dir, args.checkpoint_keep)
+            atomic_save({"model": state["model"], "args": state["args"], "global_step": global_step},
+                        checkpoint_dir / "final_model.pt")
+        # Data parallelism is only correct while every rank holds the same weights: check it at the end.
+        digests = [parameter_digest(agent)]
+        if world_size > 1:
+            digests = [None] * world_size
+            dist.all_gather_object(digests, parameter_digest(agent))
+        if len(set(digests)) > 1:
+            raise RuntimeError(f"ranks ended with different parameters: {digests}")
+        if master_process:
+            print("final parameter digest per rank: " + " ".join(f"{r}:{d}" for r, d in enumerate(digests)), flush=True)
+
     if master_process:
-        print("final parameter digest per rank: " + " ".join(f"{r}:{d}" for r, d in enumerate(digests)), flush=True)
+        wall = elapsed_before + time.time() - start_time
+        status = {0: "finished", EXIT_INTERRUPTED: "interrupted", EXIT_NON_FINITE: "stopped (non-finite)"}[exit_code]
+        mean_return = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
+        cost = f" | cost {args.cost_per_hour * wall / 3600:.2f}" if args.cost_per_hour is not None else ""
+        print(f"summary: {status} | {global_step:,} / {sizes.num_iterations * sizes.batch_size:,} steps | wall "
+              f"{_format_duration(wall)} | {global_step / max(wall, 1e-9):,.0f} steps/s | return {mean_return} "
+              f"(last {len(recent_returns)} games) | checkpoint {last_checkpoint or 'none'}{cost}", flush=True)
         writer.close()
-    if len(set(digests)) > 1:
-        raise RuntimeError(f"ranks ended with different parameters: {digests}")
+        if exit_code == 0 and args.eval_final:
+            evaluate(str(checkpoint_dir / "final_model.pt"), args.eval_episodes, args.local_num_envs, device,
+                     args.seed + 10_000)
+    if world_size > 1:
+        dist.barrier()  # no rank exits (and makes torchrun stop the others) before rank 0 has saved and reported
+    return exit_code
 
 
 def _require_moviepy() -> None:

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,3 +61,30 @@ def scalars(cwd) -> dict:
 def final_digests(output: str) -> dict:
     line = next(l for l in output.splitlines() if l.startswith("final parameter digest per rank:"))
     return dict(item.split(":") for item in line.split(": ", 1)[1].split())
+
+
+def start_torchrun(nproc, args, cwd, extra=("--standalone", "--nnodes=1")) -> subprocess.Popen:
+    return subprocess.Popen(torchrun_cmd(nproc, args, extra), cwd=cwd, env=script_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def worker_pids(launcher_pid: int) -> dict:
+    """{global rank: pid} of the processes torchrun started (read from /proc, Linux)."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    pids = {}
+    for child in children:
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for item in environ:
+            if item.startswith(b"RANK="):
+                pids[int(item[5:])] = int(child)
+    return pids
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("condition not reached in time")

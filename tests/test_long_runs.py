@@ -1,0 +1,174 @@
+"""Checkpoints, resume, preemption, elastic restarts, numerical faults and evaluation, with real processes
+and real signals."""
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+
+import pytest
+import torch
+
+import ppo_atari_multigpu as ppo
+from conftest import (TINY, final_digests, run_python, run_torchrun, scalars, start_torchrun, wait_until,
+                      worker_pids)
+
+RUN_ID = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1"
+GLOBAL_BATCH = 128  # 2 processes x 2 envs x 32 steps
+
+
+def logged_steps(cwd) -> list:
+    try:
+        return [step for step, _ in scalars(cwd).get("losses/value_loss", [])]
+    except (AssertionError, KeyError):
+        return []
+
+
+def checkpoints(cwd) -> list:
+    return sorted((cwd / "checkpoints" / RUN_ID).glob("checkpoint_*.pt"))
+
+
+def digest_of(path) -> str:
+    agent = ppo.Agent(num_actions=4)
+    agent.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["model"])
+    return ppo.parameter_digest(agent)
+
+
+def torchrun_exit_codes(output: str) -> dict:
+    return {int(rank): int(code) for rank, code in
+            re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", output)}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished single-process run of 2 iterations: its checkpoint, final model and output."""
+    cwd = tmp_path_factory.mktemp("finished")
+    result = run_python([*TINY, "--total-timesteps", "128", "--cost-per-hour", "3.6"], cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd, result
+
+
+def test_finished_run_saves_checkpoint_final_model_and_summary(finished_run):
+    cwd, result = finished_run
+    (checkpoint,) = checkpoints(cwd)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert state["iteration"] == 2 and state["global_step"] == 128 and state["args"]["env_id"] == "BreakoutNoFrameskip-v4"
+    assert {"model", "optimizer", "rng", "run_name", "elapsed"} <= set(state)
+    assert (cwd / "checkpoints" / RUN_ID / "final_model.pt").is_file()
+    assert not list((cwd / "checkpoints" / RUN_ID).glob(".*.tmp"))  # no half-written leftovers
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("summary:"))
+    assert "finished | 128 / 128 steps" in summary and str(checkpoint.relative_to(cwd)) in summary
+    assert re.search(r"cost \d+\.\d\d", summary)
+
+
+def test_signal_to_one_rank_stops_every_rank_and_resume_reaches_the_exact_total(tmp_path):
+    total_iterations = 12
+    args = [*TINY, "--total-timesteps", str(total_iterations * GLOBAL_BATCH), "--checkpoint-interval-minutes", "0"]
+    launcher = start_torchrun(2, args, tmp_path)
+    wait_until(lambda: len(logged_steps(tmp_path)) >= 2, timeout=120)
+    os.kill(worker_pids(launcher.pid)[1], signal.SIGUSR1)  # only rank 1 is told
+    output, _ = launcher.communicate(timeout=60)
+    assert "stopping on a signal to another rank" in output  # rank 0 learnt it through the collective
+    # Both ranks leave with the "interrupted" code (torchrun may report rank 0 as stopped by its own SIGTERM
+    # when rank 1 exits first: by then rank 0 has saved and reported, see the barrier at the end of train).
+    codes = torchrun_exit_codes(output)
+    assert codes[1] == ppo.EXIT_INTERRUPTED and codes[0] in (ppo.EXIT_INTERRUPTED, -signal.SIGTERM), output
+    assert "summary: interrupted" in output
+    (checkpoint,) = checkpoints(tmp_path)
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert 2 <= saved["iteration"] < total_iterations and len(saved["rng"]) == 2
+    saved_digest = digest_of(checkpoint)
+
+    result = run_torchrun(2, [*args, "--resume", "auto"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"resumed from {checkpoint.relative_to(tmp_path)} at iteration {saved['iteration']}" in result.stdout
+    assert f"parameter digest {saved_digest}" in result.stdout  # the parameters right after resume are the saved ones
+    # One TensorBoard run, every iteration exactly once: nothing lost, nothing logged twice.
+    assert logged_steps(tmp_path) == [GLOBAL_BATCH * i for i in range(1, total_iterations + 1)]
+    assert f"summary: finished | {total_iterations * GLOBAL_BATCH:,} / {total_iterations * GLOBAL_BATCH:,} steps" in result.stdout
+    assert len(set(final_digests(result.stdout).values())) == 1
+
+
+def test_sigterm_to_the_launcher_checkpoints_and_exits_within_seconds(tmp_path):
+    launcher = start_torchrun(2, [*TINY, "--total-timesteps", str(40 * GLOBAL_BATCH)], tmp_path)
+    wait_until(lambda: len(logged_steps(tmp_path)) >= 1, timeout=120)
+    launcher.send_signal(signal.SIGTERM)  # what a cloud preemption or a scheduler sends
+    output, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode != 0
+    assert "stopping on SIGTERM" in output and "summary: interrupted" in output
+    assert len(checkpoints(tmp_path)) == 1
+
+
+def test_killed_rank_is_restarted_by_torchrun_and_the_run_finishes(tmp_path):
+    total_iterations = 10
+    args = [*TINY, "--total-timesteps", str(total_iterations * GLOBAL_BATCH), "--resume", "auto",
+            "--checkpoint-interval-minutes", "0.0001"]  # a checkpoint after every iteration
+    launcher = start_torchrun(2, args, tmp_path, extra=("--standalone", "--nnodes=1", "--max-restarts=1"))
+    wait_until(lambda: len(checkpoints(tmp_path)) >= 1 and len(logged_steps(tmp_path)) >= 3, timeout=120)
+    os.kill(worker_pids(launcher.pid)[1], signal.SIGKILL)  # no warning, no checkpoint from this rank
+    output, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, output
+    assert "resumed from checkpoints/" in output
+    assert f"summary: finished | {total_iterations * GLOBAL_BATCH:,} / {total_iterations * GLOBAL_BATCH:,} steps" in output
+    assert logged_steps(tmp_path) == [GLOBAL_BATCH * i for i in range(1, total_iterations + 1)]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_checkpoint_is_refused(finished_run, tmp_path, damage):
+    (checkpoint,) = checkpoints(finished_run[0])
+    damaged = tmp_path / "damaged.pt"
+    data = checkpoint.read_bytes()
+    damaged.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    result = run_python([*TINY, "--total-timesteps", "256", "--resume", str(damaged)], cwd=tmp_path)
+    assert result.returncode == ppo.EXIT_CONFIG_ERROR
+    assert re.search(r"^ppo_atari_multigpu\.py: error: checkpoint .*damaged\.pt is unreadable", result.stderr, re.M)
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("cli, message", [
+    (["--env-id", "PongNoFrameskip-v4"], "cannot resume: the checkpoint trained BreakoutNoFrameskip-v4"),
+    (["--num-steps", "16"], "cannot resume: the checkpoint's global batch was 64 transitions, this run's is 32"),
+])
+def test_incompatible_resume_is_refused(finished_run, tmp_path, cli, message):
+    (checkpoint,) = checkpoints(finished_run[0])
+    result = run_python([*TINY, "--total-timesteps", "256", "--resume", str(checkpoint), *cli], cwd=tmp_path)
+    assert result.returncode == ppo.EXIT_CONFIG_ERROR
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_with_more_steps_is_allowed_and_said(finished_run, tmp_path):
+    shutil.copytree(finished_run[0], tmp_path, dirs_exist_ok=True)
+    result = run_python([*TINY, "--total-timesteps", "256", "--resume", "auto"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "note: resuming with a changed setting: total_timesteps 128 -> 256" in result.stdout
+    assert logged_steps(tmp_path) == [64, 128, 192, 256]
+
+
+def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(finished_run, tmp_path):
+    shutil.copytree(finished_run[0], tmp_path, dirs_exist_ok=True)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "checkpoints" / RUN_ID).iterdir()}
+    # An absurd learning rate drives the weights to infinity within the first update.
+    result = run_python([*TINY, "--total-timesteps", "512", "--resume", "auto", "--learning-rate", "1e30",
+                         "--checkpoint-interval-minutes", "0.0001"], cwd=tmp_path)
+    assert result.returncode == ppo.EXIT_NON_FINITE
+    assert re.search(r"non-finite loss or gradient at iteration 3 \(global step 192\)", result.stderr)
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "checkpoints" / RUN_ID).iterdir()}
+    assert after == before
+
+
+def test_evaluation_prints_a_return_per_game(finished_run):
+    cwd, _ = finished_run
+    result = run_python(["--eval-checkpoint", str(cwd / "checkpoints" / RUN_ID / "final_model.pt"),
+                         "--eval-episodes", "2", "--local-num-envs", "2"], cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert len(re.findall(r"^eval episode \d/2: return -?\d+\.\d$", result.stdout, re.M)) == 2
+    assert re.search(r"^eval BreakoutNoFrameskip-v4 .*: -?\d+\.\d\d \+- \d+\.\d\d over 2 games$", result.stdout, re.M)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("moviepy") is not None, reason="moviepy is installed here")
+def test_capture_video_without_moviepy_names_the_package(tmp_path):
+    result = run_python([*TINY, "--total-timesteps", "128", "--capture-video"], cwd=tmp_path)
+    assert result.returncode == ppo.EXIT_CONFIG_ERROR
+    assert "--capture-video needs moviepy: pip install moviepy" in result.stderr
