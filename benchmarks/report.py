@@ -1,0 +1,151 @@
+"""Summarise TensorBoard runs of ppo_atari_multigpu.py: a markdown table and learning curves.
+
+    python benchmarks/report.py benchmarks/results/learning-cpu/runs --out benchmarks/results/learning-cpu
+
+Runs are found recursively (any folder holding an events file) and grouped by environment and
+configuration, both read from the run name `<env_id>__<exp_name>__<seed>__<time>` (the exp_name is the
+configuration). For each group: mean +- std over seeds of the mean return of each run's last 100 games,
+the steps reached, wall time and steps/s; and per environment a PNG with the return against global steps
+and against wall time (mean over seeds, with a band from the lowest to the highest seed).
+"""
+
+import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+LAST_GAMES = 100
+
+
+@dataclass
+class Run:
+    path: Path
+    env_id: str
+    config: str
+    seed: str
+    steps: np.ndarray  # global step at each finished game
+    wall: np.ndarray  # seconds since the run's first log entry at each finished game
+    returns: np.ndarray
+    steps_reached: int
+    wall_seconds: float
+
+    @property
+    def final_return(self) -> float:
+        return float(np.mean(self.returns[-LAST_GAMES:])) if len(self.returns) else float("nan")
+
+
+def find_runs(roots) -> list:
+    folders = sorted({p.parent for root in roots for p in Path(root).rglob("events.out.tfevents.*")})
+    return [read_run(folder) for folder in folders]
+
+
+def read_run(folder: Path) -> Run:
+    parts = folder.name.split("__")
+    env_id, config, seed = (parts + ["?"] * 3)[:3]
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    events = {tag: acc.Scalars(tag) for tag in tags}
+    start = min(e[0].wall_time for e in events.values() if e)
+    end = max(e[-1].wall_time for e in events.values() if e)
+    games = events.get("charts/episodic_return", [])
+    progress = events.get("charts/SPS", [])
+    return Run(
+        path=folder, env_id=env_id, config=config, seed=seed,
+        steps=np.array([e.step for e in games]), wall=np.array([e.wall_time - start for e in games]),
+        returns=np.array([e.value for e in games]),
+        steps_reached=max([e.step for e in progress] or [0]), wall_seconds=end - start,
+    )
+
+
+def table(runs: list) -> str:
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.env_id, run.config)].append(run)
+    lines = [f"| env | configuration | seeds | return (mean of last {LAST_GAMES} games; mean +- std over seeds) "
+             "| per seed | steps reached | wall time | steps/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (env_id, config), group in sorted(groups.items()):
+        finals = np.array([run.final_return for run in group])
+        sps = [run.steps_reached / run.wall_seconds for run in group if run.wall_seconds > 0]
+        lines.append(
+            f"| {env_id} | {config} | {len(group)} | {np.mean(finals):.2f} +- {np.std(finals):.2f} | "
+            + ", ".join(f"{run.seed}: {run.final_return:.2f}" for run in group) + " | "
+            + ", ".join(f"{run.steps_reached:,}" for run in group) + " | "
+            + ", ".join(f"{run.wall_seconds / 60:.0f} min" for run in group) + " | "
+            + (f"{np.mean(sps):.0f}" if sps else "-") + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The running mean over the last LAST_GAMES games, read off at each grid point (NaN before any game)."""
+    cumulative = np.concatenate([[0.0], np.cumsum(run.returns)])
+    index = np.arange(1, len(run.returns) + 1)
+    running = (cumulative[index] - cumulative[np.maximum(index - LAST_GAMES, 0)]) / np.minimum(index, LAST_GAMES)
+    position = np.searchsorted(x, grid, side="right") - 1
+    return np.where(position >= 0, running[np.clip(position, 0, None)], np.nan)
+
+
+def plot(runs: list, out: Path) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for env_id in sorted({run.env_id for run in runs}):
+        env_runs = [run for run in runs if run.env_id == env_id and len(run.returns)]
+        if not env_runs:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for config in sorted({run.config for run in env_runs}):
+            group = [run for run in env_runs if run.config == config]
+            for ax, axis in zip(axes, ("steps", "wall")):
+                end = min(getattr(run, axis)[-1] for run in group)
+                grid = np.linspace(0, end, 200)
+                curves = np.array([smoothed(run, getattr(run, axis), grid) for run in group])
+                scale = 1 if axis == "steps" else 1 / 60
+                with np.errstate(all="ignore"):
+                    mean = np.nanmean(curves, axis=0)
+                line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seeds)")
+                if len(group) > 1:
+                    ax.fill_between(grid * scale, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0),
+                                    color=line.get_color(), alpha=0.2)
+        axes[0].set_xlabel("global step")
+        axes[1].set_xlabel("wall time (minutes)")
+        for ax in axes:
+            ax.set_ylabel(f"episodic return (mean of last {LAST_GAMES})")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(env_id)
+        fig.tight_layout()
+        path = out / f"learning-{env_id}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("roots", nargs="+", help="folders to search for TensorBoard runs")
+    parser.add_argument("--out", required=True, help="folder for learning.md and the PNG curves")
+    parser.add_argument("--title", default="Learning results")
+    opts = parser.parse_args()
+    runs = find_runs(opts.roots)
+    if not runs:
+        raise SystemExit(f"report.py: error: no TensorBoard runs under {', '.join(opts.roots)}")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot(runs, out)
+    text = f"# {opts.title}\n\n" + table(runs) + "\n" + "".join(f"![{p.stem}]({p.name})\n" for p in images)
+    (out / "learning.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/report.py on TensorBoard files written by real runs of the script."""
+
+import subprocess
+import sys
+
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import ROOT, run_python
+
+
+def test_report_tables_and_plots_real_runs(tmp_path):
+    # Two seeds of one tiny configuration: 2 envs x 128 steps x 3 iterations, enough for a few Breakout games.
+    for seed in (1, 2):
+        result = run_python(["--local-num-envs", "2", "--num-steps", "128", "--total-timesteps", "768",
+                             "--exp-name", "tiny", "--seed", str(seed)], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    finals = []
+    for run in sorted((tmp_path / "runs").iterdir()):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+        assert returns, "the runs must finish at least one game"
+        finals.append(np.mean(returns[-100:]))
+
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path / "runs"),
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = (out / "learning.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | tiny |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2] == "2"
+    assert cells[3] == f"{np.mean(finals):.2f} +- {np.std(finals):.2f}"
+    assert cells[5] == "768, 768"
+    png = out / "learning-BreakoutNoFrameskip-v4.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "![learning-BreakoutNoFrameskip-v4](learning-BreakoutNoFrameskip-v4.png)" in table
+
+
+def test_report_refuses_an_empty_folder(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path),
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "no TensorBoard runs" in result.stderr
