@@ -560,6 +560,9 @@ def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device
     agent.load_state_dict(state["model"])
     agent.eval()
     torch.manual_seed(seed)
+    # A fixed quota of games per env: taking the first N games to finish would favour short games.
+    quota = [episodes // envs.num_envs + (i < episodes % envs.num_envs) for i in range(envs.num_envs)]
+    played = [0] * envs.num_envs
     returns = []
     next_obs, _ = envs.reset(seed=[seed + i for i in range(envs.num_envs)])
     with torch.no_grad():
@@ -567,10 +570,11 @@ def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device
             action, _, _, _ = agent.get_action_and_value(torch.as_tensor(next_obs, device=device))
             next_obs, _, _, _, infos = envs.step(action.cpu().numpy())
             if "final_info" in infos and "episode" in infos["final_info"]:
-                for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:
-                    if len(returns) < episodes:
-                        returns.append(float(r))
-                        print(f"eval episode {len(returns)}/{episodes}: return {r:.1f}", flush=True)
+                for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                    if played[i] < quota[i]:
+                        played[i] += 1
+                        returns.append(float(infos["final_info"]["episode"]["r"][i]))
+                        print(f"eval episode {len(returns)}/{episodes}: return {returns[-1]:.1f}", flush=True)
     envs.close()
     print(f"eval {env_id} ({model_path}): {np.mean(returns):.2f} +- {np.std(returns):.2f} over {episodes} games",
           flush=True)
