@@ -10,6 +10,12 @@ Two nodes with 8 GPUs each (run on every node, with its own --node-rank):
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 --master-addr=10.0.0.1 --master-port=29500 \
         ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
 
+Preemptible machines: let torchrun restart the group and continue from the latest checkpoint:
+    torchrun --standalone --nproc_per_node=8 --max-restarts=3 ppo_atari_multigpu.py --resume auto
+
+Evaluate a saved policy:
+    python ppo_atari_multigpu.py --eval-checkpoint checkpoints/<env_id>__<exp_name>__<seed>/final_model.pt
+
 The global batch is world_size * local_num_envs * num_steps: adding processes adds environments,
 so a run with N processes does the same number of updates on N times as much data per update.
 """
@@ -931,19 +937,16 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_id: str
             var_y = np.var(y_true)
             explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v, global_step)
-            writer.add_scalar("losses/policy_loss", pg, global_step)
-            writer.add_scalar("losses/entropy", ent, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_kl, global_step)
-            writer.add_scalar("losses/approx_kl", kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac_mean, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-            writer.add_scalar("perf/env_time", env_time, global_step)
-            writer.add_scalar("perf/update_time", update_time, global_step)
-            writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
+            metrics = {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps,
+                "losses/value_loss": v, "losses/policy_loss": pg, "losses/entropy": ent,
+                "losses/old_approx_kl": old_kl, "losses/approx_kl": kl, "losses/clipfrac": clipfrac_mean,
+                "losses/explained_variance": explained_var,
+                "perf/rollout_time": rollout_time, "perf/env_time": env_time, "perf/update_time": update_time,
+                "perf/allreduce_time": allreduce_time,
+            }
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, global_step)
             now = time.time()
             if now - last_print >= 10 or iteration in (start_iteration, sizes.num_iterations):
                 last_print = now
