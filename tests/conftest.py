@@ -29,8 +29,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_python(args, cwd, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=script_env(),
+def run_python(args, cwd, timeout=120, extra_env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env={**script_env(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -2,7 +2,6 @@
 and real signals."""
 
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -167,8 +166,25 @@ def test_evaluation_prints_a_return_per_game(finished_run):
     assert re.search(r"^eval BreakoutNoFrameskip-v4 .*: -?\d+\.\d\d \+- \d+\.\d\d over 2 games$", result.stdout, re.M)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("moviepy") is not None, reason="moviepy is installed here")
 def test_capture_video_without_moviepy_names_the_package(tmp_path):
-    result = run_python([*TINY, "--total-timesteps", "128", "--capture-video"], cwd=tmp_path)
+    # moviepy is a test dependency, so its absence is simulated: a package of that name that fails to import.
+    hidden = tmp_path / "hide"
+    (hidden / "moviepy").mkdir(parents=True)
+    (hidden / "moviepy" / "__init__.py").write_text("raise ImportError('No module named moviepy')\n")
+    result = run_python([*TINY, "--total-timesteps", "128", "--capture-video"], cwd=tmp_path,
+                        extra_env={"PYTHONPATH": str(hidden)})
     assert result.returncode == ppo.EXIT_CONFIG_ERROR
     assert "--capture-video needs moviepy: pip install moviepy" in result.stderr
+
+
+def test_capture_video_records_rank_0_in_training_and_every_evaluation_game(tmp_path):
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "128", "--capture-video"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (training_videos,) = (tmp_path / "videos").iterdir()  # one folder: only global rank 0 records
+    assert training_videos.name.startswith(RUN_ID) and list(training_videos.glob("*.mp4"))
+    final_model = tmp_path / "checkpoints" / RUN_ID / "final_model.pt"
+    result = run_python(["--eval-checkpoint", str(final_model), "--eval-episodes", "2", "--local-num-envs", "1",
+                         "--capture-video"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = sorted((tmp_path / "videos" / "eval__final_model").glob("*.mp4"))
+    assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)

@@ -86,3 +86,24 @@ def test_speed_options_train(tmp_path):
     for tag in ("perf/rollout_time", "perf/env_time", "perf/update_time", "perf/allreduce_time"):
         assert len(logged[tag]) == 2 and all(value >= 0 for _, value in logged[tag]), tag
     assert all(value > 0 for _, value in logged["perf/update_time"])
+
+
+def test_games_of_every_rank_reach_the_log(tmp_path):
+    # Before the first update, rank 0 of a 2-process run plays exactly what a 1-process run with the same
+    # seed plays (same weights, same env seeds, same sampling seed). So the 2-process log of that first
+    # iteration must hold every game of the 1-process log, plus rank 1's games.
+    games = {}
+    for nproc, total in ((1, 512), (2, 1024)):
+        cwd = tmp_path / str(nproc)
+        cwd.mkdir()
+        args = ["--local-num-envs", "2", "--num-steps", "256", "--total-timesteps", str(total)]
+        result = run_python(args, cwd=cwd) if nproc == 1 else run_torchrun(2, args, cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        logged = scalars(cwd)
+        games[nproc] = sorted(zip([v for _, v in logged["charts/episodic_return"]],
+                                  [v for _, v in logged["charts/episodic_length"]]))
+    assert games[1], "rank 0 must finish a game in the first iteration"
+    remaining = list(games[2])
+    for game in games[1]:
+        remaining.remove(game)  # each of rank 0's games is in the 2-process log
+    assert remaining, "rank 1's games are logged too"
