@@ -651,6 +651,10 @@ def main() -> None:
         envs.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+    # Every rank knows its exit code. When a peer exits first with a non-zero one, torchrun sends SIGTERM to the
+    # rest; Python restores the default handlers while it shuts down, so that signal would replace our code.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     sys.exit(exit_code)
 
 
