@@ -111,7 +111,7 @@ def plot(runs: list, out: Path) -> list:
                 scale = 1 if axis == "steps" else 1 / 60
                 with np.errstate(all="ignore"):
                     mean = np.nanmean(curves, axis=0)
-                line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seeds)")
+                line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seed{'s' if len(group) > 1 else ''})")
                 if len(group) > 1:
                     ax.fill_between(grid * scale, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0),
                                     color=line.get_color(), alpha=0.2)
