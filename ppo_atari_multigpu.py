@@ -539,6 +539,9 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 class StopRequest:
     """Records SIGTERM / SIGINT / SIGUSR1; training stops at the end of the iteration, on every rank, after a
     checkpoint. A process stuck in C++ (a collective whose peer died) cannot run this handler: torchrun's
@@ -546,7 +549,7 @@ class StopRequest:
 
     def __init__(self):
         self.signal_name = None
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
@@ -653,7 +656,7 @@ def main() -> None:
             dist.destroy_process_group()
     # Every rank knows its exit code. When a peer exits first with a non-zero one, torchrun sends SIGTERM to the
     # rest; Python restores the default handlers while it shuts down, so that signal would replace our code.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     sys.exit(exit_code)
 
@@ -682,13 +685,14 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_id: str
             raise verdict[0]
         resumed = verdict[0]
 
-    seeds = env_seeds(args.seed, rank, args.local_num_envs)
-    if resumed:  # fresh env seeds per restart, still distinct across the job
-        seeds = env_seeds(args.seed + resumed[1]["iteration"] * sizes.num_envs, rank, args.local_num_envs)
-    ranks = [(rank, socket.gethostname(), str(device), seeds)]
+    # A resumed run gets fresh env seeds, still distinct across the job.
+    seed_offset = resumed[1]["iteration"] * sizes.num_envs if resumed else 0
+    seeds = env_seeds(args.seed + seed_offset, rank, args.local_num_envs)
+    this_rank = (rank, socket.gethostname(), str(device), seeds)
+    ranks = [this_rank]
     if world_size > 1:
         ranks = [None] * world_size
-        dist.all_gather_object(ranks, (rank, socket.gethostname(), str(device), seeds))
+        dist.all_gather_object(ranks, this_rank)
     if master_process:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
         print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'} | NCCL {nccl} | "
@@ -777,10 +781,11 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_id: str
 
     def checkpoint_state(iteration: int) -> Optional[dict]:
         """Everything needed to continue; a collective (every rank's RNG state), complete on rank 0 only."""
-        rng = [rng_state(device)]
+        this_rng = rng_state(device)
+        rng = [this_rng]
         if world_size > 1:
             rng = [None] * world_size if master_process else None
-            dist.gather_object(rng_state(device), rng, dst=0)
+            dist.gather_object(this_rng, rng, dst=0)
         if not master_process:
             return None
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
@@ -973,10 +978,11 @@ def train(args: Args, sizes: BatchSizes, envs: gym.vector.VectorEnv, run_id: str
             atomic_save({"model": state["model"], "args": state["args"], "global_step": global_step},
                         checkpoint_dir / "final_model.pt")
         # Data parallelism is only correct while every rank holds the same weights: check it at the end.
-        digests = [parameter_digest(agent)]
+        digest = parameter_digest(agent)
+        digests = [digest]
         if world_size > 1:
             digests = [None] * world_size
-            dist.all_gather_object(digests, parameter_digest(agent))
+            dist.all_gather_object(digests, digest)
         if len(set(digests)) > 1:
             raise RuntimeError(f"ranks ended with different parameters: {digests}")
         if master_process:
