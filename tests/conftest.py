@@ -2,6 +2,8 @@
 
 import glob
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -12,12 +14,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "ppo_atari_multigpu.py"
 sys.path.insert(0, str(ROOT))
 
+import pytest
+
+# Every process a test starts carries this variable (torchrun passes it to its workers, they to their env
+# workers), so that whatever a test leaves running can be found and killed when it ends.
+TAG_VARIABLE = "PPO_TEST_PROCESS_TAG"
+_current_tag = [f"session-{os.getpid()}"]
+
 # A tiny but real configuration: 2 envs x 32 steps per process, 2 minibatches, 4 epochs.
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
 
 
 def script_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{TAG_VARIABLE: _current_tag[0]})
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     return env
@@ -29,17 +38,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_python(args, cwd, timeout=120, extra_env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env={**script_env(), **(extra_env or {})},
+def run_python(args, cwd, timeout=120, extra_env=None, script=SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env={**script_env(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 
-def torchrun_cmd(nproc: int, args, extra=("--standalone", "--nnodes=1")) -> list:
-    return [sys.executable, "-m", "torch.distributed.run", *extra, f"--nproc-per-node={nproc}", str(SCRIPT), *args]
+def torchrun_cmd(nproc: int, args, extra=("--standalone", "--nnodes=1"), script=SCRIPT) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", *extra, f"--nproc-per-node={nproc}", str(script), *args]
 
 
-def run_torchrun(nproc, args, cwd, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_cmd(nproc, args), cwd=cwd, env=script_env(),
+def run_torchrun(nproc, args, cwd, timeout=180, script=SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(nproc, args, script=script), cwd=cwd, env=script_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -63,8 +72,8 @@ def final_digests(output: str) -> dict:
     return dict(item.split(":") for item in line.split(": ", 1)[1].split())
 
 
-def start_torchrun(nproc, args, cwd, extra=("--standalone", "--nnodes=1")) -> subprocess.Popen:
-    return subprocess.Popen(torchrun_cmd(nproc, args, extra), cwd=cwd, env=script_env(), stdout=subprocess.PIPE,
+def start_torchrun(nproc, args, cwd, extra=("--standalone", "--nnodes=1"), script=SCRIPT) -> subprocess.Popen:
+    return subprocess.Popen(torchrun_cmd(nproc, args, extra, script), cwd=cwd, env=script_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -88,3 +97,57 @@ def wait_until(predicate, timeout: float, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise TimeoutError("condition not reached in time")
+
+
+def tagged_pids(tag: str) -> list:
+    """Live processes (Linux /proc) that carry `tag` in their environment."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile, or a zombie
+                pass
+    return pids
+
+
+def kill_tagged(tag: str) -> list:
+    """SIGKILL every process carrying `tag` until none is left; return the pids that were still running."""
+    killed = []
+    for _ in range(50):
+        pids = tagged_pids(tag)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed += pids
+        time.sleep(0.1)
+    return sorted(set(killed))
+
+
+@pytest.fixture(autouse=True)
+def process_tag(request):
+    """Each test's processes get their own tag; when the test ends (passed, failed or timed out), none survives."""
+    _current_tag[0] = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.nodeid)
+    yield _current_tag[0]
+    kill_tagged(_current_tag[0])
+    _current_tag[0] = f"session-{os.getpid()}"
+
+
+def pytest_sessionfinish(session):
+    kill_tagged(f"session-{os.getpid()}")  # module fixtures run before a test's tag is set
+
+
+def broken_copy(tmp_path, old: str, new: str) -> Path:
+    """A copy of the script with one fault put in (`old` replaced by `new`, exactly once)."""
+    source = SCRIPT.read_text()
+    assert source.count(old) == 1, f"the script no longer contains {old!r} exactly once"
+    path = tmp_path / "broken" / SCRIPT.name
+    path.parent.mkdir()
+    path.write_text(source.replace(old, new))
+    return path

@@ -2,9 +2,12 @@
 
 import re
 import subprocess
+import time
 
-from conftest import (TINY, event_files, final_digests, free_port, run_python, run_torchrun, scalars,
-                      script_env, torchrun_cmd)
+import pytest
+
+from conftest import (SCRIPT, TINY, broken_copy, event_files, final_digests, free_port, kill_tagged, run_python,
+                      run_torchrun, scalars, script_env, tagged_pids, torchrun_cmd)
 
 LOSSES = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
@@ -41,16 +44,17 @@ def test_single_process_without_torchrun(tmp_path):
     assert list(final_digests(result.stdout)) == ["0"]
 
 
-def test_two_nodes_on_one_machine(tmp_path):
+def check_two_nodes_on_one_machine(cwd, script=SCRIPT, timeout=120):
     port = free_port()
     commands = [
-        torchrun_cmd(1, [*TINY, "--total-timesteps", "256"],
+        torchrun_cmd(1, [*TINY, "--total-timesteps", "256"], script=script,
                      extra=("--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"))
         for node in (0, 1)
     ]
-    nodes = [subprocess.Popen(cmd, cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    nodes = [subprocess.Popen(cmd, cwd=cwd, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for cmd in commands]
-    outputs = [node.communicate(timeout=240) for node in nodes]
+    deadline = time.time() + timeout
+    outputs = [node.communicate(timeout=max(deadline - time.time(), 1)) for node in nodes]
     for node, (out, err) in zip(nodes, outputs):
         assert node.returncode == 0, err
     node0_out, node1_out = outputs[0][0], outputs[1][0]
@@ -59,9 +63,25 @@ def test_two_nodes_on_one_machine(tmp_path):
              re.findall(r"^rank (\d+): host .*, env seeds (\d+)\.\.(\d+)$", node0_out, re.MULTILINE)}
     assert seeds == {0: (1, 2), 1: (3, 4)}  # global ranks 0 and 1, disjoint env seeds
     assert "world size 2" in node0_out
-    assert_trained(tmp_path, iterations=2, global_batch=128)
-    assert len(event_files(tmp_path)) == 1
+    assert_trained(cwd, iterations=2, global_batch=128)
+    assert len(event_files(cwd)) == 1
     assert len(set(final_digests(node0_out).values())) == 1
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    check_two_nodes_on_one_machine(tmp_path)
+
+
+def test_two_node_check_catches_a_script_that_uses_the_local_rank(tmp_path, process_tag):
+    # The reference's bug: the local rank passed to the process group. Both nodes' processes then claim rank 0.
+    broken = broken_copy(tmp_path, "rank=RANK,", "rank=LOCAL_RANK,")
+    (tmp_path / "run").mkdir()
+    started = time.time()
+    with pytest.raises((AssertionError, subprocess.TimeoutExpired)):
+        check_two_nodes_on_one_machine(tmp_path / "run", script=broken, timeout=60)
+    assert time.time() - started < 90
+    kill_tagged(process_tag)  # what the fixture does when any test ends
+    assert tagged_pids(process_tag) == []  # no launcher and no worker left behind
 
 
 def test_same_seed_same_losses(tmp_path):
