@@ -50,84 +50,52 @@ gym.register_envs(ale_py)
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment: network init, action sampling and env seeds all derive from it"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` (and no cuDNN autotuning)"""
-    cuda: bool = True
-    """if toggled, use CUDA when it is available"""
-    device_ids: tuple[int, ...] = ()
-    """one CUDA device id per local process; empty means cuda:<LOCAL_RANK>"""
-    backend: Optional[Literal["gloo", "nccl", "mpi"]] = None
-    """torch.distributed backend; None picks nccl on GPUs and gloo on the CPU"""
-    track: bool = False
-    """if toggled, also log to Weights & Biases (global rank 0; needs `pip install wandb`)"""
-    wandb_project_name: str = "cleanRL"
-    """the Weights & Biases project"""
-    wandb_entity: Optional[str] = None
-    """the Weights & Biases entity (team)"""
-    capture_video: bool = False
-    """whether to record videos of one env of global rank 0 (to `videos/<run_name>`)"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment (part of the run name)
+    seed: int = 1  # seed of the experiment: network init, action sampling and env seeds all derive from it
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`: reruns of a seed repeat
+    cuda: bool = True  # if toggled, use CUDA when it is available
+    device_ids: tuple[int, ...] = ()  # one CUDA device id per local process; empty means cuda:<LOCAL_RANK>
+    backend: Optional[Literal["gloo", "nccl", "mpi"]] = None  # None: nccl on GPUs, gloo on the CPU
+    track: bool = False  # if toggled, also log to Weights & Biases (global rank 0; needs `pip install wandb`)
+    wandb_project_name: str = "cleanRL"  # the Weights & Biases project
+    wandb_entity: Optional[str] = None  # the Weights & Biases entity (team)
+    capture_video: bool = False  # record videos of one env of global rank 0
 
     # Algorithm specific arguments
-    env_id: str = "BreakoutNoFrameskip-v4"
-    """the id of the Atari environment"""
-    total_timesteps: int = 10_000_000
-    """total agent steps of the experiment, summed over all processes"""
-    learning_rate: float = 2.5e-4
-    """the learning rate of the optimizer"""
-    local_num_envs: int = 8
-    """the number of parallel environments in each process"""
-    num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
-    anneal_lr: bool = True
-    """toggle learning rate annealing (linear, to zero at the last iteration)"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    gae_lambda: float = 0.95
-    """the lambda for the general advantage estimation"""
-    num_minibatches: int = 4
-    """the number of mini-batches per epoch (each process takes 1/num_minibatches of its local batch)"""
-    update_epochs: int = 4
-    """the K epochs to update the policy"""
-    norm_adv: bool = True
-    """toggles advantages normalization (per minibatch)"""
-    clip_coef: float = 0.1
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = True
-    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
-    ent_coef: float = 0.01
-    """coefficient of the entropy"""
-    vf_coef: float = 0.5
-    """coefficient of the value function"""
-    max_grad_norm: float = 0.5
-    """the maximum norm for the gradient clipping"""
-    target_kl: Optional[float] = None
-    """the target KL divergence threshold: stop the update epochs early when the mean KL over ranks exceeds it"""
+    env_id: str = "BreakoutNoFrameskip-v4"  # the id of the Atari environment
+    total_timesteps: int = 10_000_000  # total agent steps of the experiment, summed over all processes
+    learning_rate: float = 2.5e-4  # the learning rate of the optimizer
+    local_num_envs: int = 8  # the number of parallel environments in each process
+    num_steps: int = 128  # the number of steps to run in each environment per policy rollout
+    anneal_lr: bool = True  # toggle learning rate annealing (linear, to zero at the last iteration)
+    gamma: float = 0.99  # the discount factor gamma
+    gae_lambda: float = 0.95  # the lambda for the general advantage estimation
+    num_minibatches: int = 4  # mini-batches per epoch (of each process's local batch)
+    update_epochs: int = 4  # the K epochs to update the policy
+    norm_adv: bool = True  # toggles advantages normalization (per minibatch)
+    clip_coef: float = 0.1  # the surrogate clipping coefficient
+    clip_vloss: bool = True  # toggles a clipped loss for the value function, as per the paper
+    ent_coef: float = 0.01  # coefficient of the entropy
+    vf_coef: float = 0.5  # coefficient of the value function
+    max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
+    target_kl: Optional[float] = None  # stop an iteration's epochs when the KL, averaged over ranks, exceeds it
 
     # Speed: how the same algorithm is computed
-    vector_env: Literal["sync", "async"] = "sync"
-    """step the envs in this process (sync) or each in its own subprocess (async: uses more cores)"""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """network forward/backward in fp32, or under bf16 autocast (weights, optimiser, losses stay fp32)"""
+    vector_env: Literal["sync", "async", "double"] = "sync"
+    """sync: envs step in this process; async: each in a subprocess; double: async in two halves, one half
+    stepping while the network picks the other half's actions"""
+    precision: Literal["fp32", "bf16"] = "fp32"  # fp32, or bf16 autocast for the network (weights, optimiser, losses stay fp32)
+    tf32: bool = False  # allow TF32 in fp32 convolutions and matmuls on GPUs (off: IEEE fp32, as on the CPU)
+    torch_threads: Optional[int] = None  # torch threads per process (default: OMP_NUM_THREADS; torchrun sets 1)
 
     # Long runs: checkpoints, resume, evaluation
-    checkpoint_interval_minutes: float = 5.0
-    """minutes between checkpoints in `checkpoints/<env_id>__<exp_name>__<seed>` (0: only at the end)"""
-    checkpoint_keep: int = 3
-    """how many of the most recent checkpoints to keep"""
-    resume: Optional[str] = None
-    """a checkpoint to continue from, or `auto`: the latest checkpoint of this run, if there is one"""
-    eval_checkpoint: Optional[str] = None
-    """evaluate this checkpoint (or final model) instead of training"""
-    eval_episodes: int = 10
-    """number of full games to play when evaluating"""
-    eval_final: bool = False
-    """after training, play eval_episodes games with the final model (global rank 0)"""
-    cost_per_hour: Optional[float] = None
-    """price per hour of the whole job, to report the run's cost in the summary"""
+    checkpoint_interval_minutes: float = 5.0  # minutes between checkpoints (0: only at the end)
+    checkpoint_keep: int = 3  # how many of the most recent checkpoints to keep
+    resume: Optional[str] = None  # a checkpoint to continue, or `auto`: this run's latest, if any
+    eval_checkpoint: Optional[str] = None  # evaluate this checkpoint (or final model) instead of training
+    eval_episodes: int = 10  # number of full games to play when evaluating
+    eval_final: bool = False  # after training, play eval_episodes games with the final model (global rank 0)
+    cost_per_hour: Optional[float] = None  # price per hour of the whole job, for the summary
 
 
 @dataclass(frozen=True)
@@ -262,6 +230,15 @@ class EnvGroup:
         if isinstance(self.envs, gym.vector.AsyncVectorEnv):
             return self.envs.step_wait()
         return self.envs.step(self.actions)
+
+
+def make_env_groups(args: Args, record_video_dir: Optional[str] = None) -> list:
+    """This process's envs: one vector env, or (--vector-env double) two halves that step in turn."""
+    n = args.local_num_envs
+    if args.vector_env != "double":
+        return [EnvGroup(make_vector_env(args.env_id, n, record_video_dir, args.vector_env), slice(0, n))]
+    return [EnvGroup(make_vector_env(args.env_id, stop - start, record_video_dir if start == 0 else None, "async"),
+                     slice(start, stop)) for start, stop in ((0, n // 2), (n // 2, n))]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -476,7 +453,7 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
     return dict(zip(stats, (totals / num_updates).tolist())), finite, epoch
 
 
-def train(args: Args, envs: gym.vector.VectorEnv, device: torch.device, backend: str, rank: int, world_size: int) -> int:
+def train(args: Args, groups: list, device: torch.device, backend: Optional[str], rank: int, world_size: int) -> int:
     """The training loop; returns the process exit code (0 finished, 3 interrupted, 4 non-finite)."""
     # TRY NOT TO MODIFY: resume, seeding, logging
     master_process = rank == 0
@@ -495,7 +472,8 @@ def train(args: Args, envs: gym.vector.VectorEnv, device: torch.device, backend:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic
-    agent = Agent(envs.single_action_space.n).to(device, memory_format=torch.channels_last)
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if args.tf32 else "ieee"
+    agent = Agent(groups[0].envs.single_action_space.n).to(device, memory_format=torch.channels_last)
     if world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
@@ -526,14 +504,13 @@ def train(args: Args, envs: gym.vector.VectorEnv, device: torch.device, backend:
                 print(f"note: resuming with a changed setting: {note}", flush=True)
     writer = open_writer(args, sizes, run_name, world_size, global_step, resumed) if master_process else None
 
-    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, envs.single_observation_space.shape, device)
-    groups = [EnvGroup(envs, slice(0, args.local_num_envs))]
+    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, groups[0].envs.single_observation_space.shape, device)
     env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
     start_time, start_step, last_print = time.time(), global_step, 0.0
     last_checkpoint_time, last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
     exit_code = 0
-    next_obs, _ = envs.reset(seed=seeds)
-    rollout.set_next_obs(slice(None), next_obs)
+    for group in groups:
+        rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
 
     def policy(obs):
         action, logprob, _, value = agent.get_action_and_value(obs)
@@ -641,45 +618,46 @@ def main() -> None:
     LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
     WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
     LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    distributed = "WORLD_SIZE" in os.environ
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     # Every check that can fail runs before the process group exists: a rank that refuses its settings
     # exits at once, and no rank is left waiting for it in a collective.
     try:
         cuda_device_count = torch.cuda.device_count() if args.cuda and torch.cuda.is_available() else 0
-        backend = check_args(args, WORLD_SIZE, LOCAL_WORLD_SIZE, cuda_device_count)
+        backend, backend_note = check_args(args, WORLD_SIZE, LOCAL_WORLD_SIZE, cuda_device_count)
+        if backend_note and RANK == 0:
+            print(f"note: {backend_note}", flush=True)
+        device = select_device(args, LOCAL_RANK, cuda_device_count)
+        check_bf16(args.precision, torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
         if args.eval_checkpoint:
-            device = torch.device("cuda" if cuda_device_count else "cpu")
             evaluate(args.eval_checkpoint, args.eval_episodes, args.local_num_envs, device, args.seed,
                      f"videos/eval__{Path(args.eval_checkpoint).stem}" if args.capture_video else None)
             return
         check_env_id(args.env_id)
+        if WORLD_SIZE > 1:
+            # torchrun keeps one store across elastic restarts: key each attempt apart, or a restarted rank can
+            # read the dead attempt's addresses (gloo then fails with "Connection refused").
+            store, _, _ = next(dist.rendezvous("env://"))
+            store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+            agree_on_backend(store, backend, RANK, WORLD_SIZE)
     except ConfigError as e:
         report_error(str(e), LOCAL_RANK)
         sys.exit(EXIT_CONFIG_ERROR)
 
-    # Envs (and their subprocesses, with --vector-env async) start before the process group's threads.
-    # Async env workers inherit an ignored SIGINT: Ctrl-C then reaches the training process alone.
+    # Envs (and their subprocesses) start before the process group's threads. Env worker processes inherit
+    # an ignored SIGINT: Ctrl-C then reaches the training process alone, which stops cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     video_dir = f"videos/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    envs = make_vector_env(args.env_id, args.local_num_envs, video_dir if args.capture_video and RANK == 0 else None,
-                           args.vector_env)
+    groups = make_env_groups(args, video_dir if args.capture_video and RANK == 0 else None)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    if cuda_device_count:
-        device = torch.device("cuda", args.device_ids[LOCAL_RANK] if args.device_ids else LOCAL_RANK)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if distributed:
-        # torchrun keeps one store across elastic restarts: key each attempt apart, or a restarted rank can
-        # read the dead attempt's addresses (gloo then fails with "Connection refused").
-        store, _, _ = next(dist.rendezvous("env://"))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store), rank=RANK,
-                                world_size=WORLD_SIZE)
+    if WORLD_SIZE > 1:
+        dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD_SIZE,
+                                device_id=device if backend == "nccl" else None)
     try:
-        exit_code = train(args, envs, device, backend, RANK, WORLD_SIZE)
+        exit_code = train(args, groups, device, backend, RANK, WORLD_SIZE)
     except ConfigError as e:  # a refused resume: every rank received the same verdict from rank 0
         report_error(str(e), LOCAL_RANK)
         exit_code = EXIT_CONFIG_ERROR
@@ -688,11 +666,12 @@ def main() -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    envs.close()
+    for group in groups:
+        group.envs.close()
     if WORLD_SIZE > 1:
         dist.barrier()  # no rank exits (and makes torchrun stop the others) before rank 0 has saved and reported
-    if dist.is_initialized():
         dist.destroy_process_group()
+    # After the group is gone: the other ranks exit now instead of waiting (and timing out) in a collective.
     if RANK == 0 and exit_code == 0 and args.eval_final:
         run_id = f"{args.env_id}__{args.exp_name}__{args.seed}"
         evaluate(str(Path("checkpoints") / run_id / "final_model.pt"), args.eval_episodes, args.local_num_envs,
@@ -721,10 +700,13 @@ def report_error(message: str, local_rank: int) -> None:
         print(f"{os.path.basename(__file__)}: error: {message}", file=sys.stderr, flush=True)
 
 
-def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> str:
-    """Refuse settings that cannot work; return the backend to use. `cuda_device_count` is 0 without CUDA."""
+def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> tuple:
+    """Refuse settings that cannot work; return the backend (None: one process, no group) and a note on it.
+    `cuda_device_count` is 0 without CUDA."""
     for name in ("total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "eval_episodes", "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm"):
+                 "eval_episodes", "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm", "torch_threads"):
+        if name == "torch_threads" and args.torch_threads is None:
+            continue
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("checkpoint_interval_minutes", 0, float("inf"))):
@@ -743,25 +725,66 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
     if args.device_ids and len(args.device_ids) != local_world_size:
         raise ConfigError(f"--device-ids names {len(args.device_ids)} devices but this node runs {local_world_size} "
                           f"processes; give exactly one id per local process")
-    backend = args.backend or ("nccl" if cuda_device_count else "gloo")
-    if backend == "nccl" and not cuda_device_count:
+    if args.vector_env == "double" and args.local_num_envs < 2:
+        raise ConfigError("--vector-env double steps two halves of a process's envs: --local-num-envs must be at least 2")
+    if args.backend == "nccl" and not cuda_device_count:
         raise ConfigError("--backend nccl needs CUDA, which is unavailable (or --no-cuda was given); use --backend gloo")
+    ids = []
     if cuda_device_count:
         ids = list(args.device_ids) or list(range(local_world_size))
         if max(ids) >= cuda_device_count or min(ids) < 0:
             raise ConfigError(f"device ids {ids} do not all exist: this node has {cuda_device_count} CUDA devices; "
                               f"run at most {cuda_device_count} processes per node or pass valid --device-ids")
-        if backend == "nccl" and len(set(ids)) < len(ids):
+        if args.backend == "nccl" and len(set(ids)) < len(ids):
             raise ConfigError(f"NCCL cannot run two processes on one GPU (device ids {ids}); "
                               f"run one process per GPU, or use --backend gloo to share GPUs")
     elif args.device_ids:
         raise ConfigError("--device-ids was given but CUDA is unavailable (or --no-cuda was given); drop --device-ids")
-    if not dist.is_backend_available(backend):
-        raise ConfigError(f"this torch build has no '{backend}' backend; use --backend gloo")
+    if args.backend and not dist.is_backend_available(args.backend):
+        raise ConfigError(f"this torch build has no '{args.backend}' backend; use --backend gloo")
     for flag, package, wanted in (("--capture-video", "moviepy", args.capture_video), ("--track", "wandb", args.track)):
         if wanted and not package_importable(package):
             raise ConfigError(f"{flag} needs {package}: pip install {package}")
-    return backend
+    return choose_backend(args.backend, world_size, ids, dist.is_nccl_available())
+
+
+def choose_backend(requested: Optional[str], world_size: int, cuda_ids: list, nccl_available: bool) -> tuple:
+    """The process group's backend (None: a single process needs no group), and a note when it is not the obvious one."""
+    if world_size == 1:
+        return None, None
+    if requested:
+        return requested, None
+    if not cuda_ids:
+        return "gloo", None
+    if len(set(cuda_ids)) < len(cuda_ids):
+        return "gloo", f"processes share GPUs (device ids {cuda_ids}), which NCCL refuses: using gloo"
+    if not nccl_available:
+        return "gloo", "this torch build has no NCCL: using gloo"
+    return "nccl", None
+
+
+def select_device(args: Args, local_rank: int, cuda_device_count: int) -> torch.device:
+    if not cuda_device_count:
+        return torch.device("cpu")
+    return torch.device("cuda", args.device_ids[local_rank] if args.device_ids else local_rank)
+
+
+def check_bf16(precision: str, cuda_capability: Optional[tuple]) -> None:
+    """bf16 autocast needs native bf16 on a GPU (compute capability 8.0, Ampere, or newer); CPUs emulate it."""
+    if precision == "bf16" and cuda_capability is not None and tuple(cuda_capability) < (8, 0):
+        raise ConfigError(f"--precision bf16 needs a GPU of compute capability 8.0 or newer; this one has "
+                          f"{'.'.join(map(str, cuda_capability))}: use --precision fp32")
+
+
+def agree_on_backend(store, backend: str, rank: int, world_size: int) -> None:
+    """Through torchrun's store, before any collective: a node whose CUDA is broken would pick gloo while
+    the others pick NCCL, and the job would hang in its first collective."""
+    store.set(f"backend/{rank}", f"{backend} {socket.gethostname()}")
+    choices = [store.get(f"backend/{r}").decode().split() for r in range(world_size)]
+    for r, (other, host) in enumerate(choices):
+        if other != choices[0][0]:
+            raise ConfigError(f"the nodes chose different backends: rank {r} on {host} chose {other}, rank 0 on "
+                              f"{choices[0][1]} chose {choices[0][0]} (is CUDA broken on {host}?); pass --backend")
 
 
 def package_importable(name: str) -> bool:
@@ -801,7 +824,7 @@ def gather_to_rank0(obj, rank: int, world_size: int) -> Optional[list]:
     return gathered
 
 
-def print_banner(args: Args, sizes: BatchSizes, backend: str, device: torch.device, seeds: list, rank: int,
+def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, rank: int,
                  world_size: int) -> None:
     """Rank 0 prints the versions, where each rank runs with which env seeds, and the derived sizes."""
     ranks = [(rank, socket.gethostname(), str(device), seeds)]
@@ -810,9 +833,9 @@ def print_banner(args: Args, sizes: BatchSizes, backend: str, device: torch.devi
         dist.all_gather_object(ranks, (rank, socket.gethostname(), str(device), seeds))
     if rank != 0:
         return
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
-    print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'} | NCCL {nccl} | "
-          f"backend {backend if world_size > 1 else '- (single process)'} | world size {world_size}")
+    nccl = f" | NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if backend == "nccl" else ""
+    print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'}{nccl} | "
+          f"backend {backend or '- (single process)'} | world size {world_size}")
     for r, host, dev, s in ranks:
         print(f"rank {r}: host {host}, device {dev}, env seeds {s[0]}..{s[-1]}")
     print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "

@@ -12,6 +12,13 @@ overhead at all (no loss math, all-reduce, GAE, logging or waiting on the slowes
 
 The script's real steps/s come from torchrun runs of the real script, read from its TensorBoard log:
 steady state, from the end of the first iteration to the end of the last.
+
+    python benchmarks/throughput.py --reference-job --seconds 30
+
+measures, in one run and without the floor, our configurations of the reference's job (8 envs in all,
+128 steps, 1,024 transitions per iteration, its hyperparameters): 2 x 4 and 1 x 8 processes x envs,
+sync / async / double-buffered envs, fp32 / bf16, 1 or 2 torch threads per process; it reports steady
+steps/s, the rollout alone (envs + inference, from perf/rollout_time) and their ratios.
 """
 
 import argparse
@@ -38,10 +45,21 @@ class Config:
     envs: int
     vector_env: str = "sync"
     precision: str = "fp32"
+    threads: int = 0  # torch threads per process; 0: what torchrun gives (1 per process when it starts several)
 
     @property
     def name(self) -> str:
-        return f"{self.procs}x{self.envs} {self.vector_env} {self.precision}"
+        return f"{self.procs}x{self.envs} {self.vector_env} {self.precision}" + (f" {self.threads}t" if self.threads else "")
+
+
+def reference_job_configs() -> list:
+    """The reference's job (8 envs, 1,024 transitions per iteration) in every way this script can run it."""
+    configs = []
+    for vector_env in ("sync", "async", "double"):
+        for precision in ("fp32", "bf16"):
+            configs.append(Config(2, 4, vector_env, precision, 1))
+            configs += [Config(1, 8, vector_env, precision, threads) for threads in (1, 2)]
+    return configs
 
 
 def default_configs(cores: int, cuda: bool) -> list:
@@ -167,15 +185,18 @@ def measure_floor(config: Config, cores: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 # The real script
 # --------------------------------------------------------------------------------------------------
-def measure_script(config: Config, seconds: float, expected_sps: float) -> dict:
+def measure_script(config: Config, seconds: float, expected_sps: float, extra_args=(), num_steps=NUM_STEPS) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    batch = config.procs * config.envs * NUM_STEPS
+    batch = config.procs * config.envs * num_steps
     iterations = max(4, round(expected_sps * seconds / batch))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
            f"--nproc-per-node={config.procs}", str(ROOT / "ppo_atari_multigpu.py"),
            "--local-num-envs", str(config.envs), "--vector-env", config.vector_env, "--precision", config.precision,
-           "--total-timesteps", str(iterations * batch), "--exp-name", "throughput"]
+           "--total-timesteps", str(iterations * batch), "--num-steps", str(num_steps), "--exp-name", "throughput",
+           *extra_args]
+    if config.threads:
+        cmd += ["--torch-threads", str(config.threads)]
     with tempfile.TemporaryDirectory() as workdir:
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun picks, as for users
         result = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=seconds * 6 + 300)
@@ -189,7 +210,45 @@ def measure_script(config: Config, seconds: float, expected_sps: float) -> dict:
         perf = {tag.split("/")[1]: sum(e.value for e in acc.Scalars(tag)[1:]) / (len(sps_events) - 1)
                 for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     return {"sps": (last.step - first.step) / (last.wall_time - first.wall_time), "iterations": iterations,
-            "iteration_s": (last.wall_time - first.wall_time) / (len(sps_events) - 1), **perf}
+            "iteration_s": (last.wall_time - first.wall_time) / (len(sps_events) - 1),
+            "rollout_sps": batch / perf["rollout_time"], "output": result.stdout, **perf}
+
+
+def write_job_report(machine_name: str, machine: dict, rows: list, seconds: float, command: str) -> Path:
+    """The reference's job: steady steps/s and rollout steps/s of each configuration, and their ratios."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"throughput-job-{machine_name}.md"
+    fastest = max(rows, key=lambda row: row[1]["sps"])
+    by_name = {config.name: script for config, script in rows}
+    lines = [
+        f"# The reference's job on {machine_name}: 8 envs, 128 steps, 1,024 transitions per iteration",
+        "", f"Command: `{command}` ({seconds:.0f} s of training per configuration), {time.strftime('%Y-%m-%d')}.",
+        "", "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+        "Steady-state agent steps/s of the real script under torchrun (whole job), and of its rollout alone "
+        "(envs + inference: transitions per iteration / `perf/rollout_time`). Configuration: processes x envs, "
+        "vector env, precision, torch threads per process. Ratios are to `2x4 sync fp32 1t` (the reference's "
+        "layout) in this same run.", "",
+        "| configuration | steps/s | x 2x4 sync fp32 | rollout steps/s | rollout s/iter | update s/iter | env s/iter |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base = by_name.get("2x4 sync fp32 1t", fastest[1])
+    for config, script in sorted(rows, key=lambda row: -row[1]["sps"]):
+        lines.append(f"| {config.name} | {script['sps']:.0f} | {script['sps'] / base['sps']:.2f} | "
+                     f"{script['rollout_sps']:.0f} | {script['rollout_time']:.2f} | {script['update_time']:.2f} | "
+                     f"{script['env_time']:.2f} |")
+    pairs = [("rollout, 1x8 double / sync, fp32, 1 thread", "1x8 double fp32 1t", "1x8 sync fp32 1t", "rollout_sps"),
+             ("rollout, 1x8 double / sync, fp32, 2 threads", "1x8 double fp32 2t", "1x8 sync fp32 2t", "rollout_sps"),
+             ("job, 1x8 double / sync, fp32, 1 thread", "1x8 double fp32 1t", "1x8 sync fp32 1t", "sps"),
+             ("job, bf16 / fp32, 2x4 sync", "2x4 sync bf16 1t", "2x4 sync fp32 1t", "sps")]
+    lines += ["", "Ratios in this run:", ""]
+    lines += [f"- {label}: {by_name[a][key] / by_name[b][key]:.2f}x" for label, a, b, key in pairs
+              if a in by_name and b in by_name]
+    best_fp32 = max((row for row in rows if row[0].precision == "fp32"), key=lambda row: row[1]["sps"], default=None)
+    if best_fp32:
+        lines.append(f"- fastest fp32: {best_fp32[0].name}, {best_fp32[1]['sps']:.0f} steps/s")
+    lines.append(f"- fastest overall: {fastest[0].name}, {fastest[1]['sps']:.0f} steps/s")
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,12 +344,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="training time per script run")
     parser.add_argument("--machine", default=None, help="name used in the results file (default: from the CPU/GPU)")
     parser.add_argument("--only", nargs="*", default=None, help="configuration names to run, e.g. '2x4 sync fp32'")
+    parser.add_argument("--reference-job", action="store_true",
+                        help="the reference's job in every configuration, script only (no floor)")
     opts = parser.parse_args()
 
     cores = os.cpu_count()
     cuda = torch.cuda.is_available()
     machine = machine_description()
     machine_name = opts.machine or re.sub(r"[^a-z0-9]+", "-", (machine["gpu"] if cuda else f"cpu{cores}").lower())
+    command = ("python benchmarks/throughput.py " + " ".join(sys.argv[1:])).strip()
+    if opts.reference_job:
+        rows = []
+        for config in reference_job_configs():
+            if opts.only is None or config.name in opts.only:
+                rows.append((config, measure_script(config, opts.seconds, expected_sps=400)))
+                print(f"{config.name}: {rows[-1][1]['sps']:.0f} steps/s, rollout {rows[-1][1]['rollout_sps']:.0f}",
+                      flush=True)
+        print(f"wrote {write_job_report(machine_name, machine, rows, opts.seconds, command)}")
+        return
     configs = [c for c in default_configs(cores, cuda) if opts.only is None or c.name in opts.only]
     rows = []
     for config in configs:
@@ -299,8 +370,7 @@ def main() -> None:
         rows.append((config, floor, script))
         print(f"{config.name}: script {script['sps']:.0f} steps/s, floor {floor['floor_sps']:.0f} "
               f"({script['sps'] / floor['floor_sps']:.0%})", flush=True)
-    command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
-    print(f"wrote {write_report(machine_name, machine, rows, opts.seconds, command.strip())}")
+    print(f"wrote {write_report(machine_name, machine, rows, opts.seconds, command)}")
 
 
 if __name__ == "__main__":

@@ -20,14 +20,41 @@ def test_batch_sizes_scale_with_world_size():
     assert (four.local_batch_size, four.local_minibatch_size, four.num_iterations) == (1024, 256, 2441)
 
 
-def test_backend_defaults_per_device():
+def test_backend_is_chosen_only_for_a_group():
+    # One process needs no process group, so no backend: a CUDA build without NCCL still trains on one GPU.
+    assert ppo.choose_backend(None, world_size=1, cuda_ids=[0], nccl_available=False) == (None, None)
+    assert ppo.choose_backend(None, world_size=2, cuda_ids=[], nccl_available=False) == ("gloo", None)
+    assert ppo.choose_backend(None, world_size=2, cuda_ids=[0, 1], nccl_available=True) == ("nccl", None)
+    backend, note = ppo.choose_backend(None, world_size=2, cuda_ids=[0, 1], nccl_available=False)
+    assert backend == "gloo" and "no NCCL" in note
+    # Two processes per GPU (as CleanRL's users run them): NCCL refuses it, so gloo is picked and said.
+    backend, note = ppo.choose_backend(None, world_size=4, cuda_ids=[0, 0, 1, 1], nccl_available=True)
+    assert backend == "gloo" and "share GPUs" in note
+    assert ppo.choose_backend("gloo", world_size=2, cuda_ids=[0, 1], nccl_available=True) == ("gloo", None)
+
+
+def test_check_args_returns_the_backend():
     args = ppo.Args()
-    assert ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=0) == "gloo"
-    if ppo.dist.is_nccl_available():
-        assert ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=1) == "nccl"
-    else:  # a CPU-only torch build: the GPU default is named and refused, not silently swapped
-        with pytest.raises(ppo.ConfigError, match="no 'nccl' backend"):
-            ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=1)
+    assert ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=0) == (None, None)
+    assert ppo.check_args(args, world_size=2, local_world_size=2, cuda_device_count=0) == ("gloo", None)
+    backend, note = ppo.check_args(ppo.Args(device_ids=(0, 0)), world_size=2, local_world_size=2, cuda_device_count=1)
+    assert backend == "gloo" and "share GPUs" in note
+
+
+def test_devices_follow_device_ids():
+    assert ppo.select_device(ppo.Args(), local_rank=1, cuda_device_count=2) == ppo.torch.device("cuda", 1)
+    assert ppo.select_device(ppo.Args(device_ids=(2, 3)), local_rank=1, cuda_device_count=4) == ppo.torch.device("cuda", 3)
+    # --eval-checkpoint runs as local rank 0 and honours --device-ids too
+    assert ppo.select_device(ppo.Args(device_ids=(3,)), local_rank=0, cuda_device_count=4) == ppo.torch.device("cuda", 3)
+    assert ppo.select_device(ppo.Args(device_ids=(3,)), local_rank=0, cuda_device_count=0) == ppo.torch.device("cpu")
+
+
+def test_bf16_is_refused_on_gpus_without_it():
+    with pytest.raises(ppo.ConfigError, match="compute capability 8.0 or newer; this one has 7.0"):
+        ppo.check_bf16("bf16", (7, 0))  # V100
+    ppo.check_bf16("bf16", (8, 0))  # A100
+    ppo.check_bf16("bf16", None)  # the CPU
+    ppo.check_bf16("fp32", (7, 5))
 
 
 def test_env_seeds_never_overlap_across_ranks():
@@ -52,7 +79,7 @@ def test_gpu_placement_is_checked(device_ids, device_count, backend, message):
 
 def test_gloo_may_share_a_gpu():
     args = ppo.Args(device_ids=(0, 0), backend="gloo")
-    assert ppo.check_args(args, world_size=2, local_world_size=2, cuda_device_count=1) == "gloo"
+    assert ppo.check_args(args, world_size=2, local_world_size=2, cuda_device_count=1) == ("gloo", None)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +95,8 @@ def test_gloo_may_share_a_gpu():
         (["--env-id", "Pendulum-v1"], "non-discrete action space"),
         (["--env-id", "CartPole-v1"], "not an Atari"),
         (["--device-ids", "0"], "--device-ids was given but CUDA is unavailable"),
+        (["--vector-env", "double", "--local-num-envs", "1", "--num-minibatches", "1"], "must be at least 2"),
+        (["--torch-threads", "0"], "--torch-threads must be positive"),
     ],
 )
 def test_bad_input_single_process(tmp_path, cli, message):

@@ -127,3 +127,33 @@ def test_games_of_every_rank_reach_the_log(tmp_path):
     for game in games[1]:
         remaining.remove(game)  # each of rank 0's games is in the 2-process log
     assert remaining, "rank 1's games are logged too"
+
+
+def test_nodes_that_pick_different_backends_are_refused_before_any_collective(tmp_path):
+    # Node 0 is made to see a GPU with NCCL (patched in a launcher around the unchanged script); node 1 sees
+    # none. Without an agreement node 0 would start NCCL and node 1 gloo, and the job would hang.
+    launcher = tmp_path / "node_with_gpu.py"
+    launcher.write_text(f"""import os, sys
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+import torch, torch.distributed as dist
+if os.environ["GROUP_RANK"] == "0":
+    torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: 1)
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    dist.is_nccl_available = lambda: True
+import ppo_atari_multigpu as ppo
+ppo.main()
+""")
+    port = free_port()
+    nodes = [subprocess.Popen(torchrun_cmd(1, [*TINY, "--total-timesteps", "256"], script=launcher,
+                                           extra=("--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
+                                                  f"--master-port={port}")),
+                              cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    outputs = [node.communicate(timeout=90) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode != 0
+        errors = re.findall(r"^ppo_atari_multigpu\.py: error: .*$", err, re.M)
+        assert len(errors) == 1 and "the nodes chose different backends: rank 1 on" in errors[0], err
+        assert "chose gloo, rank 0 on" in errors[0] and "chose nccl" in errors[0]
+        assert "Traceback" not in err.split("ppo_atari_multigpu.py: error:")[0]
+    assert not (tmp_path / "runs").exists()

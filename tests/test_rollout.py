@@ -1,0 +1,48 @@
+"""The rollout: double-buffered env groups store exactly what one synchronous vector env stores."""
+
+import numpy as np
+import torch
+
+import ppo_atari_multigpu as ppo
+
+
+def deterministic_policy(num_actions: int):
+    """Actions that depend on the observation alone, so two rollouts can be compared step by step."""
+    def policy(obs):
+        pixels = obs.reshape(len(obs), -1).to(torch.int64)
+        action = (pixels * torch.arange(1, pixels.shape[1] + 1)).sum(1) % num_actions
+        return action, -action.float(), pixels.float().mean(1)
+    return policy
+
+
+def run_rollout(vector_env: str, num_envs: int, num_steps: int, seeds: list):
+    args = ppo.Args(local_num_envs=num_envs, vector_env=vector_env)
+    groups = ppo.make_env_groups(args)
+    rollout = ppo.Rollout.allocate(num_steps, num_envs, (4, 84, 84), torch.device("cpu"))
+    for group in groups:
+        rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
+    value_of = lambda obs: obs.reshape(len(obs), -1).float().mean(1)  # noqa: E731
+    timer = ppo.SectionTimer(torch.device("cpu"))
+    episodes = []
+    for _ in range(2):  # two rollouts: the second starts from where the first left the envs
+        episodes += ppo.collect_rollout(deterministic_policy(4), value_of, groups, rollout, 0.99, timer)
+        snapshot = {name: (value.clone() if isinstance(value, torch.Tensor) else value.copy())
+                    for name, value in vars(rollout).items() if name != "next_obs_host"}
+    for group in groups:
+        group.envs.close()
+    return snapshot, episodes, len(groups)
+
+
+def test_double_buffered_rollout_stores_the_transitions_of_the_sync_one():
+    seeds = list(range(10, 16))
+    sync, sync_episodes, sync_groups = run_rollout("sync", 6, 250, seeds)
+    double, double_episodes, double_groups = run_rollout("double", 6, 250, seeds)
+    assert (sync_groups, double_groups) == (1, 2)
+    for name in ("obs", "actions", "logprobs", "values", "next_obs"):
+        assert torch.equal(sync[name], double[name]), name
+    for name in ("rewards", "dones", "next_done"):
+        np.testing.assert_array_equal(sync[name], double[name], err_msg=name)
+    # Games did end (whole games, with their returns), and each rollout saw lives lost and episodes restart.
+    assert sync_episodes and sorted(sync_episodes) == sorted(double_episodes)
+    assert sync["dones"].sum() > 0
+
