@@ -278,10 +278,17 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         hidden = self.hidden(obs)
         # ALGO LOGIC: action selection
-        probs = Categorical(logits=self.actor(hidden).float(), validate_args=False)  # validation syncs on GPU
+        logits = self.actor(hidden).float()
+        probs = Categorical(logits=logits, validate_args=False)  # validation would wait for the GPU
         if action is None:
-            action = probs.sample()
+            action = sample_action(logits)
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
+
+
+def sample_action(logits: torch.Tensor) -> torch.Tensor:
+    """A sample of Categorical(logits) by Gumbel-max: argmax(logits + Gumbel noise), with no check that
+    waits for the GPU (Categorical.sample's multinomial validates its input on the host)."""
+    return torch.argmax(logits - torch.empty_like(logits).exponential_().log(), dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -46,3 +46,18 @@ def test_double_buffered_rollout_stores_the_transitions_of_the_sync_one():
     assert sync_episodes and sorted(sync_episodes) == sorted(double_episodes)
     assert sync["dones"].sum() > 0
 
+
+def test_sampler_draws_each_action_with_the_policy_probability():
+    probabilities = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    logits = (probabilities.log() + 1.7).expand(200_000, 4)  # any shift of the logits is the same policy
+    torch.manual_seed(0)
+    actions = ppo.sample_action(logits)
+    frequencies = torch.bincount(actions, minlength=4).double() / len(actions)
+    # Within 5 standard errors of each probability, and a chi-square far below its 0.1% point for 3 dof (16.3).
+    standard_errors = (probabilities * (1 - probabilities) / len(actions)).sqrt()
+    assert ((frequencies - probabilities).abs() < 5 * standard_errors).all(), frequencies
+    expected = probabilities * len(actions)
+    chi_square = ((torch.bincount(actions, minlength=4) - expected) ** 2 / expected).sum()
+    assert chi_square < 16.3, chi_square
+    # Each row is drawn on its own: different rows of the same logits get different actions.
+    assert len(set(actions[:100].tolist())) == 4
