@@ -5,8 +5,10 @@
 Runs are found recursively (any folder holding an events file) and grouped by environment and
 configuration, both read from the run name `<env_id>__<exp_name>__<seed>__<time>` (the exp_name is the
 configuration). For each group: mean +- std over seeds of the mean return of each run's last 100 games,
-the steps reached, wall time and steps/s; and per environment a PNG with the return against global steps
-and against wall time (mean over seeds, with a band from the lowest to the highest seed).
+a 95% confidence interval for that mean (Student's t over seeds), the steps reached, wall time and
+steps/s; the mean return of each seed's games in every window of --window steps (200k by default); and per
+environment a PNG with the return against global steps and against wall time (mean over seeds, with a
+band from the lowest to the highest seed).
 """
 
 import argparse
@@ -18,6 +20,19 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 LAST_GAMES = 100
+# Two-sided 95% quantiles of Student's t for 1..20 degrees of freedom (above: the normal 1.96).
+T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086]
+
+
+def confidence_interval(values) -> tuple:
+    """The 95% confidence interval of the mean of `values` (independent seeds), by Student's t."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else 1.96
+    half = t * np.std(values, ddof=1) / np.sqrt(len(values))
+    return float(np.mean(values) - half), float(np.mean(values) + half)
 
 
 @dataclass
@@ -66,19 +81,43 @@ def table(runs: list) -> str:
     for run in runs:
         groups[(run.env_id, run.config)].append(run)
     lines = [f"| env | configuration | seeds | return (mean of last {LAST_GAMES} games; mean +- std over seeds) "
-             "| per seed | steps reached | wall time | steps/s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| 95% CI of the mean | per seed | steps reached | wall time | steps/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (env_id, config), group in sorted(groups.items()):
         finals = np.array([run.final_return for run in group])
         sps = [run.steps_reached / run.wall_seconds for run in group if run.wall_seconds > 0]
+        low, high = confidence_interval(finals)
         lines.append(
             f"| {env_id} | {config} | {len(group)} | {np.mean(finals):.2f} +- {np.std(finals):.2f} | "
+            + (f"{low:.2f} .. {high:.2f}" if len(group) > 1 else "-") + " | "
             + ", ".join(f"{run.seed}: {run.final_return:.2f}" for run in group) + " | "
             + ", ".join(f"{run.steps_reached:,}" for run in group) + " | "
             + ", ".join(f"{run.wall_seconds / 60:.0f} min" for run in group) + " | "
             + (f"{np.mean(sps):.0f}" if sps else "-") + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def window_table(runs: list, window: int) -> str:
+    """Per env and configuration: each seed's mean return over the games that ended in each window of steps."""
+    lines = []
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.env_id, run.config)].append(run)
+    for (env_id, config), group in sorted(groups.items()):
+        edges = range(0, max(run.steps_reached for run in group), window)
+        rows = [[float(np.mean(run.returns[(run.steps >= lo) & (run.steps < lo + window)]))
+                 if np.any((run.steps >= lo) & (run.steps < lo + window)) else float("nan") for lo in edges]
+                for run in group]
+        lines += [f"{env_id}, {config}: mean return of the games ending in each {window:,}-step window", "",
+                  "| seed | " + " | ".join(f"{lo / 1e6:g}M-{(lo + window) / 1e6:g}M" for lo in edges) + " |",
+                  "|---|" + "---|" * len(edges)]
+        lines += [f"| {run.seed} | " + " | ".join(f"{v:.2f}" for v in row) + " |" for run, row in zip(group, rows)]
+        if len(group) > 1:
+            with np.errstate(all="ignore"):
+                lines.append("| mean | " + " | ".join(f"{v:.2f}" for v in np.nanmean(rows, axis=0)) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -135,6 +174,7 @@ def main() -> None:
     parser.add_argument("roots", nargs="+", help="folders to search for TensorBoard runs")
     parser.add_argument("--out", required=True, help="folder for learning.md and the PNG curves")
     parser.add_argument("--title", default="Learning results")
+    parser.add_argument("--window", type=int, default=200_000, help="steps per window of the per-seed table")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
     if not runs:
@@ -142,7 +182,8 @@ def main() -> None:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(runs, out)
-    text = f"# {opts.title}\n\n" + table(runs) + "\n" + "".join(f"![{p.stem}]({p.name})\n" for p in images)
+    text = (f"# {opts.title}\n\n" + table(runs) + "\n" + window_table(runs, opts.window) + "\n"
+            + "".join(f"![{p.stem}]({p.name})\n" for p in images))
     (out / "learning.md").write_text(text)
     print(text)
 

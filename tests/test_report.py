@@ -25,14 +25,20 @@ def test_report_tables_and_plots_real_runs(tmp_path):
 
     out = tmp_path / "report"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path / "runs"),
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+                             "--out", str(out), "--window", "256"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     table = (out / "learning.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | tiny |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[2] == "2"
     assert cells[3] == f"{np.mean(finals):.2f} +- {np.std(finals):.2f}"
-    assert cells[5] == "768, 768"
+    # 95% CI of the mean over 2 seeds: mean +- t(0.975, 1 dof) * sample std / sqrt(2)
+    half = 12.706 * np.std(finals, ddof=1) / np.sqrt(2)
+    assert cells[4] == f"{np.mean(finals) - half:.2f} .. {np.mean(finals) + half:.2f}"
+    assert cells[6] == "768, 768"
+    # The per-window table: one row per seed and a mean row, one column per 256-step window
+    assert "mean return of the games ending in each 256-step window" in table
+    assert "| seed | 0M-0.000256M | 0.000256M-0.000512M | 0.000512M-0.000768M |" in table
     png = out / "learning-BreakoutNoFrameskip-v4.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "![learning-BreakoutNoFrameskip-v4](learning-BreakoutNoFrameskip-v4.png)" in table

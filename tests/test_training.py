@@ -98,9 +98,10 @@ def test_same_seed_same_losses(tmp_path):
     assert scalars(tmp_path / "c")["losses/value_loss"] != logs[0]["losses/value_loss"]  # the seed matters
 
 
-def test_speed_options_train(tmp_path):
-    result = run_python([*TINY, "--total-timesteps", "128", "--vector-env", "async", "--precision", "bf16"],
-                        cwd=tmp_path)
+@pytest.mark.parametrize("vector_env", ["async", "double"])
+def test_speed_options_train(tmp_path, vector_env):
+    result = run_python([*TINY, "--total-timesteps", "128", "--vector-env", vector_env, "--precision", "bf16",
+                         "--torch-threads", "1"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     logged = assert_trained(tmp_path, iterations=2, global_batch=64)
     for tag in ("perf/rollout_time", "perf/env_time", "perf/update_time", "perf/allreduce_time"):
