@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Learning benchmark: the exact commands behind benchmarks/results/learning-*.md.
 #
-#   bash benchmarks/returns.sh cpu   # CPU-budget protocol: Breakout, 1M steps, 2 processes x 4 envs
+#   bash benchmarks/returns.sh cpu   # CPU-budget protocol: Breakout, 1M steps, 2 processes x 4 envs (fp32 seeds 1-4)
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -23,7 +23,7 @@ run() {  # run <nproc> <exp-name> <args...>
 
 case "$protocol" in
 cpu)
-    for seed in 1 2; do
+    for seed in 1 2 3 4; do
         run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed"
     done
     run 2 2x4-bf16 --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed 1 --precision bf16
