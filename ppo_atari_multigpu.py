@@ -834,17 +834,18 @@ def gather_to_rank0(obj, rank: int, world_size: int) -> Optional[list]:
 def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, rank: int,
                  world_size: int) -> None:
     """Rank 0 prints the versions, where each rank runs with which env seeds, and the derived sizes."""
-    ranks = [(rank, socket.gethostname(), str(device), seeds)]
+    this_rank = (rank, socket.gethostname(), str(device), torch.get_num_threads(), seeds)
+    ranks = [this_rank]
     if world_size > 1:
         ranks = [None] * world_size
-        dist.all_gather_object(ranks, (rank, socket.gethostname(), str(device), seeds))
+        dist.all_gather_object(ranks, this_rank)
     if rank != 0:
         return
     nccl = f" | NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if backend == "nccl" else ""
     print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'}{nccl} | "
           f"backend {backend or '- (single process)'} | world size {world_size}")
-    for r, host, dev, s in ranks:
-        print(f"rank {r}: host {host}, device {dev}, env seeds {s[0]}..{s[-1]}")
+    for r, host, dev, threads, s in ranks:
+        print(f"rank {r}: host {host}, device {dev}, {threads} torch threads, env seeds {s[0]}..{s[-1]}")
     print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "
           f"(local {sizes.local_batch_size}) | minibatch {sizes.minibatch_size} "
           f"(local {sizes.local_minibatch_size}) | iterations {sizes.num_iterations}", flush=True)

@@ -33,7 +33,9 @@ def test_torchrun_two_processes_train_and_stay_identical(tmp_path):
     digests = final_digests(result.stdout)
     assert set(digests) == {"0", "1"} and len(set(digests.values())) == 1
     assert "backend gloo | world size 2" in result.stdout
-    assert "rank 0: " in result.stdout and "rank 1: " in result.stdout
+    # torchrun gives each of several processes OMP_NUM_THREADS=1 (the tests set it too)
+    assert re.search(r"^rank 0: .*, 1 torch threads, ", result.stdout, re.M)
+    assert re.search(r"^rank 1: .*, 1 torch threads, ", result.stdout, re.M)
 
 
 def test_single_process_without_torchrun(tmp_path):
@@ -42,6 +44,13 @@ def test_single_process_without_torchrun(tmp_path):
     assert_trained(tmp_path, iterations=2, global_batch=64)
     assert "world size 1" in result.stdout
     assert list(final_digests(result.stdout)) == ["0"]
+
+
+def test_torch_threads_are_set_per_process(tmp_path):
+    result = run_python([*TINY, "--total-timesteps", "64", "--num-minibatches", "1", "--torch-threads", "2"],
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^rank 0: .*, 2 torch threads, env seeds", result.stdout, re.M)
 
 
 def check_two_nodes_on_one_machine(cwd, script=SCRIPT, timeout=120):
