@@ -62,7 +62,7 @@ def main() -> int:
                      f"{r['rollout_time']:.2f} | {r['update_time']:.2f} | {r['allreduce_time']:.3f} | "
                      f"{'yes' if agree else 'NO'} | {'; '.join(notes) or '-'} |")
     if gpus < 2:
-        lines += ["", "One GPU: no NCCL run (it needs 2 GPUs)."]
+        lines += ["", "Fewer than 2 GPUs: no NCCL run (it needs 2)."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"throughput-{device}.md"
     path.write_text("\n".join(lines) + "\n")
