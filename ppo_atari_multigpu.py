@@ -84,7 +84,7 @@ class Args:
     vector_env: Literal["sync", "async", "double"] = "sync"
     """sync: envs step in this process; async: each in a subprocess; double: async in two halves, one half
     stepping while the network picks the other half's actions"""
-    precision: Literal["fp32", "bf16"] = "fp32"  # fp32, or bf16 autocast for the network (weights, optimiser, losses stay fp32)
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for the network (weights, optimiser, losses stay fp32)
     tf32: bool = False  # allow TF32 in fp32 convolutions and matmuls on GPUs (off: IEEE fp32, as on the CPU)
     torch_threads: Optional[int] = None  # torch threads per process (default: OMP_NUM_THREADS; torchrun sets 1)
 
@@ -184,7 +184,7 @@ def make_env(env_id: str, record_video_dir: Optional[str] = None):
     def thunk():
         env = gym.make(
             env_id,
-            obs_type="grayscale",  # ALE's own luminance, taken before the max over frames (as gymnasium's AtariPreprocessing)
+            obs_type="grayscale",  # ALE's own luminance, before the max over frames (as AtariPreprocessing)
             frameskip=1,  # v5 ids skip 4 frames and repeat actions themselves: the classic settings instead
             repeat_action_probability=0.0,
             render_mode="rgb_array" if record_video_dir else None,
@@ -348,9 +348,8 @@ def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: flo
         rollout.next_done[i] = terminations | truncations
         rollout.set_next_obs(i, next_obs)
         if "final_info" in infos and "episode" in infos["final_info"]:
-            finished = infos["final_info"]["_episode"]
-            for r, l in zip(infos["final_info"]["episode"]["r"][finished], infos["final_info"]["episode"]["l"][finished]):
-                episodes.append((step, float(r), int(l)))
+            finished, games = infos["final_info"]["_episode"], infos["final_info"]["episode"]
+            episodes.extend((step, float(r), int(l)) for r, l in zip(games["r"][finished], games["l"][finished]))
 
     for step in range(rollout.obs.shape[0]):
         for group in groups:
@@ -369,7 +368,7 @@ def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: flo
     return episodes
 
 
-def compute_advantages(rewards, values, dones, next_value, next_done, gamma: float, gae_lambda: float):
+def compute_advantages(rewards, values, dones, next_value, next_done, *, gamma: float, gae_lambda: float):
     """GAE(lambda) over a rollout of shape (num_steps, num_envs); returns (advantages, returns).
 
     `dones[t]` is 1 when observation t starts a new episode (the transition before it ended one);
@@ -432,7 +431,8 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
             newvalue = newvalue.view(-1)
             v_loss_unclipped = (newvalue - batch["returns"][mb]) ** 2
             if args.clip_vloss:
-                v_clipped = batch["values"][mb] + torch.clamp(newvalue - batch["values"][mb], -args.clip_coef, args.clip_coef)
+                v_clipped = batch["values"][mb] + torch.clamp(newvalue - batch["values"][mb],
+                                                              -args.clip_coef, args.clip_coef)
                 v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - batch["returns"][mb]) ** 2).mean()
             else:
                 v_loss = 0.5 * v_loss_unclipped.mean()
@@ -455,8 +455,9 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
             num_updates += 1
 
         # ALGO LOGIC: early stop, decided on the mean KL over ranks so that every rank leaves together
-        if args.target_kl is not None and all_reduce_mean_(stats["approx_kl"].clone(), world_size).item() > args.target_kl:
-            break
+        if args.target_kl is not None:
+            if all_reduce_mean_(stats["approx_kl"].clone(), world_size).item() > args.target_kl:
+                break
     return dict(zip(stats, (totals / num_updates).tolist())), finite, epoch
 
 
@@ -471,7 +472,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     resumed = load_resume_state(args, checkpoint_dir, rank, world_size)  # None for a fresh run
     # A resumed run gets fresh env seeds, still distinct across the job.
     seeds = env_seeds(args.seed + (resumed["iteration"] * sizes.num_envs if resumed else 0), rank, args.local_num_envs)
-    print_banner(args, sizes, backend, device, seeds, rank, world_size)
+    print_banner(args, sizes, backend, device, seeds, rank=rank, world_size=world_size)
 
     # Same seed on every rank: identical initial weights (and a broadcast to be sure across machines).
     random.seed(args.seed)
@@ -479,7 +480,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic
-    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if args.tf32 else "ieee"
+    fp32_precision = "tf32" if args.tf32 else "ieee"  # stated, not inherited: PyTorch's defaults differ per op
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = fp32_precision
     agent = Agent(groups[0].envs.single_action_space.n).to(device, memory_format=torch.channels_last)
     if world_size > 1:
         for p in agent.parameters():
@@ -511,7 +513,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                 print(f"note: resuming with a changed setting: {note}", flush=True)
     writer = open_writer(args, sizes, run_name, world_size, global_step, resumed) if master_process else None
 
-    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, groups[0].envs.single_observation_space.shape, device)
+    obs_shape = groups[0].envs.single_observation_space.shape
+    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, obs_shape, device)
     env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
     start_time, start_step, last_print = time.time(), global_step, 0.0
     last_checkpoint_time, last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
@@ -546,13 +549,15 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         rollout_time = time.perf_counter() - rollout_start
 
         rewards = torch.as_tensor(rollout.rewards, device=device)  # one host-to-device copy per rollout
-        dones, next_done = torch.as_tensor(rollout.dones, device=device), torch.as_tensor(rollout.next_done, device=device)
+        dones = torch.as_tensor(rollout.dones, device=device)
+        next_done = torch.as_tensor(rollout.next_done, device=device)
         with torch.no_grad(), autocast:
             next_value = agent.get_value(rollout.next_obs).flatten()
             advantages, returns = compute_advantages(rewards, rollout.values, dones, next_value, next_done,
-                                                     args.gamma, args.gae_lambda)
-        batch = {"obs": rollout.obs.flatten(0, 1), "actions": rollout.actions.flatten(), "values": rollout.values.flatten(),
-                 "logprobs": rollout.logprobs.flatten(), "advantages": advantages.flatten(), "returns": returns.flatten()}
+                                                     gamma=args.gamma, gae_lambda=args.gae_lambda)
+        batch = {"obs": rollout.obs.flatten(0, 1), "actions": rollout.actions.flatten(),
+                 "values": rollout.values.flatten(), "logprobs": rollout.logprobs.flatten(),
+                 "advantages": advantages.flatten(), "returns": returns.flatten()}
 
         update_start = time.perf_counter()
         losses, finite, epochs = ppo_update(args, agent, optimizer, flat_grad, batch, world_size,
@@ -612,8 +617,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                         checkpoint_dir / "final_model.pt")
         check_ranks_agree(agent, rank, world_size)
     if master_process:
-        print_summary(args, sizes, exit_code, global_step, elapsed_before + time.time() - start_time,
-                      recent_returns, last_checkpoint)
+        print_summary(args, sizes, exit_code, global_step=global_step, wall=elapsed_before + time.time() - start_time,
+                      recent_returns=recent_returns, last_checkpoint=last_checkpoint)
         close_writer(writer, args)
     return exit_code
 
@@ -710,10 +715,9 @@ def report_error(message: str, local_rank: int) -> None:
 def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> tuple:
     """Refuse settings that cannot work; return the backend (None: one process, no group) and a note on it.
     `cuda_device_count` is 0 without CUDA."""
-    for name in ("total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "eval_episodes", "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm", "torch_threads"):
-        if name == "torch_threads" and args.torch_threads is None:
-            continue
+    positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm"]
+    for name in positive + (["torch_threads"] if args.torch_threads is not None else []):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("checkpoint_interval_minutes", 0, float("inf"))):
@@ -726,16 +730,19 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
         raise ConfigError(f"the local batch (local_num_envs * num_steps = {sizes.local_batch_size}) is not divisible "
                           f"by --num-minibatches {args.num_minibatches}; pick sizes that divide evenly")
     if sizes.num_iterations == 0:
-        raise ConfigError(f"--total-timesteps {args.total_timesteps} is smaller than one global batch ({sizes.batch_size} "
-                          f"= {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps): the run "
-                          f"would train nothing; raise --total-timesteps or shrink the batch")
+        raise ConfigError(f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
+                          f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x "
+                          f"{args.num_steps} steps): the run would train nothing; raise --total-timesteps or shrink "
+                          f"the batch")
     if args.device_ids and len(args.device_ids) != local_world_size:
         raise ConfigError(f"--device-ids names {len(args.device_ids)} devices but this node runs {local_world_size} "
                           f"processes; give exactly one id per local process")
     if args.vector_env == "double" and args.local_num_envs < 2:
-        raise ConfigError("--vector-env double steps two halves of a process's envs: --local-num-envs must be at least 2")
+        raise ConfigError("--vector-env double steps two halves of a process's envs: "
+                          "--local-num-envs must be at least 2")
     if args.backend == "nccl" and not cuda_device_count:
-        raise ConfigError("--backend nccl needs CUDA, which is unavailable (or --no-cuda was given); use --backend gloo")
+        raise ConfigError("--backend nccl needs CUDA, which is unavailable (or --no-cuda was given); "
+                          "use --backend gloo")
     ids = []
     if cuda_device_count:
         ids = list(args.device_ids) or list(range(local_world_size))
@@ -756,7 +763,7 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
 
 
 def choose_backend(requested: Optional[str], world_size: int, cuda_ids: list, nccl_available: bool) -> tuple:
-    """The process group's backend (None: a single process needs no group), and a note when it is not the obvious one."""
+    """The process group's backend (None: one process needs no group), and a note when it is not the obvious one."""
     if world_size == 1:
         return None, None
     if requested:
@@ -831,8 +838,8 @@ def gather_to_rank0(obj, rank: int, world_size: int) -> Optional[list]:
     return gathered
 
 
-def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, rank: int,
-                 world_size: int) -> None:
+def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, *,
+                 rank: int, world_size: int) -> None:
     """Rank 0 prints the versions, where each rank runs with which env seeds, and the derived sizes."""
     this_rank = (rank, socket.gethostname(), str(device), torch.get_num_threads(), seeds)
     ranks = [this_rank]
@@ -906,7 +913,7 @@ def log_iteration(writer, per_rank: list, losses: dict, batch: dict, global_step
     return [episodic_return for _, episodic_return, _ in games]
 
 
-def print_summary(args: Args, sizes: BatchSizes, exit_code: int, global_step: int, wall: float, recent_returns,
+def print_summary(args: Args, sizes: BatchSizes, exit_code: int, *, global_step: int, wall: float, recent_returns,
                   last_checkpoint) -> None:
     status = {0: "finished", EXIT_INTERRUPTED: "interrupted", EXIT_NON_FINITE: "stopped (non-finite)"}[exit_code]
     mean_return = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
@@ -1002,7 +1009,8 @@ def load_checkpoint(path: Path, required=("model", "args")) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch reports truncation and corruption with several exception types
-        raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): "
+                          f"{str(e).splitlines()[0]}") from None
     missing = [key for key in required if not isinstance(state, dict) or key not in state]
     if missing:
         raise ConfigError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")

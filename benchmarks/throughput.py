@@ -91,7 +91,6 @@ def _median_seconds(fn, repeats: int, calls: int) -> float:
 
 
 def _floor_worker(config: Config, threads: int, barrier, results, rank: int) -> None:
-    import numpy as np
     import torch
 
     import ppo_atari_multigpu as ppo

@@ -39,7 +39,7 @@ def test_gae_matches_reference_with_episode_ends():
     next_done = episode_ends[-1].astype(np.float32)
     advantages, returns = ppo.compute_advantages(
         torch.tensor(rewards), torch.tensor(values), torch.tensor(dones), torch.tensor(next_value),
-        torch.tensor(next_done), gamma, lam,
+        torch.tensor(next_done), gamma=gamma, gae_lambda=lam,
     )
     assert episode_ends.sum() > 10
     for env in range(num_envs):

@@ -1,13 +1,9 @@
 """Faults across ranks: a crashing rank, the final evaluation, the agreed early stop, and Weights & Biases."""
 
-import os
 import re
-import sys
 import time
 
-import pytest
-
-from conftest import (ROOT, SCRIPT, TINY, broken_copy, run_python, run_torchrun, scalars, start_torchrun,
+from conftest import (ROOT, TINY, broken_copy, run_python, run_torchrun, scalars, start_torchrun,
                       tagged_pids, wait_until, worker_pids)
 
 # Minibatches of 4 samples make each rank's KL noisy, so the ranks' own KLs fall on either side of the target
