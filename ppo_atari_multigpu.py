@@ -1009,8 +1009,8 @@ def load_checkpoint(path: Path, required=("model", "args")) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch reports truncation and corruption with several exception types
-        raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): "
-                          f"{str(e).splitlines()[0]}") from None
+        reason = (str(e).splitlines() or [type(e).__name__])[0]  # some errors of garbage input have no message
+        raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}") from None
     missing = [key for key in required if not isinstance(state, dict) or key not in state]
     if missing:
         raise ConfigError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
