@@ -1,8 +1,10 @@
 """Compare two TensorBoard runs value by value: every losses/* scalar and every game's return and length.
 
     python benchmarks/compare_runs.py runs/<run A> runs/<run B>
+    python benchmarks/compare_runs.py --prefix runs/<short run> runs/<long run>   # up to the shorter run's end
 
 Exits 0 when both runs logged exactly the same values at the same steps (bitwise, as float32), 1 otherwise.
+With --prefix only the steps up to the last logged step of the shorter run are compared.
 Used to show that a change which must not alter what the script computes did not.
 """
 
@@ -23,7 +25,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_a")
     parser.add_argument("run_b")
-    a, b = (read(run) for run in parser.parse_args().__dict__.values())
+    parser.add_argument("--prefix", action="store_true", help="compare only up to the end of the shorter run")
+    opts = parser.parse_args()
+    a, b = read(opts.run_a), read(opts.run_b)
+    if opts.prefix:
+        end = min(max(step for values in run.values() for step, _ in values) for run in (a, b))
+        a, b = ({tag: [(s, v) for s, v in values if s <= end] for tag, values in run.items()} for run in (a, b))
+        print(f"comparing up to step {end:,}")
     if not a:
         print(f"no losses/* or episodic scalars in {sys.argv[1]}", file=sys.stderr)
         return 1
