@@ -466,9 +466,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     # TRY NOT TO MODIFY: resume, seeding, logging
     master_process = rank == 0
     sizes = batch_sizes(args, world_size)
-    run_id = f"{args.env_id}__{args.exp_name}__{args.seed}"
-    run_name = f"{run_id}__{int(time.time())}"
-    checkpoint_dir = Path("checkpoints") / run_id
+    run_name = f"{run_id(args)}__{int(time.time())}"
+    checkpoint_dir = Path("checkpoints") / run_id(args)
     resumed = load_resume_state(args, checkpoint_dir, rank, world_size)  # None for a fresh run
     # A resumed run gets fresh env seeds, still distinct across the job.
     seeds = env_seeds(args.seed + (resumed["iteration"] * sizes.num_envs if resumed else 0), rank, args.local_num_envs)
@@ -660,7 +659,7 @@ def main() -> None:
     # Envs (and their subprocesses) start before the process group's threads. Env worker processes inherit
     # an ignored SIGINT: Ctrl-C then reaches the training process alone, which stops cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    video_dir = f"videos/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    video_dir = f"videos/{run_id(args)}__{int(time.time())}"
     groups = make_env_groups(args, video_dir if args.capture_video and RANK == 0 else None)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if device.type == "cuda":
@@ -685,8 +684,7 @@ def main() -> None:
         dist.destroy_process_group()
     # After the group is gone: the other ranks exit now instead of waiting (and timing out) in a collective.
     if RANK == 0 and exit_code == 0 and args.eval_final:
-        run_id = f"{args.env_id}__{args.exp_name}__{args.seed}"
-        evaluate(str(Path("checkpoints") / run_id / "final_model.pt"), args.eval_episodes, args.local_num_envs,
+        evaluate(str(Path("checkpoints") / run_id(args) / "final_model.pt"), args.eval_episodes, args.local_num_envs,
                  device, args.seed + 10_000)
     # When a peer exits first with a non-zero code, torchrun sends SIGTERM to the rest; Python restores the
     # default handlers while it shuts down, so that signal would replace this rank's exit code.
@@ -824,6 +822,11 @@ def check_env_id(env_id: str) -> None:
         raise ConfigError(f"{env_id} is not an Atari (ALE) environment; use e.g. BreakoutNoFrameskip-v4")
 
 
+def run_id(args: Args) -> str:
+    """The run's name without its start time: checkpoints of the same env, experiment and seed share it."""
+    return f"{args.env_id}__{args.exp_name}__{args.seed}"
+
+
 def env_seeds(seed: int, rank: int, local_num_envs: int) -> list[int]:
     """Seeds of this rank's envs: consecutive blocks per global rank, so no two envs of a job share one."""
     return [seed + rank * local_num_envs + i for i in range(local_num_envs)]
@@ -856,8 +859,9 @@ def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: 
     print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "
           f"(local {sizes.local_batch_size}) | minibatch {sizes.minibatch_size} "
           f"(local {sizes.local_minibatch_size}) | iterations {sizes.num_iterations}", flush=True)
-    if classic_settings_note(args.env_id):
-        print(classic_settings_note(args.env_id), flush=True)
+    note = classic_settings_note(args.env_id)
+    if note:
+        print(note, flush=True)
 
 
 def classic_settings_note(env_id: str) -> Optional[str]:
