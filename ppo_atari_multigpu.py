@@ -2,23 +2,18 @@
 
 One GPU (or a CPU-only machine):
     python ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-
 One node, 8 GPUs (one process per GPU, NCCL):
     torchrun --standalone --nnodes=1 --nproc_per_node=8 ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-
 Two nodes with 8 GPUs each (run on every node, with its own --node-rank):
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 --master-addr=10.0.0.1 --master-port=29500 \
         ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-
-Preemptible machines: let torchrun restart the group and continue from the latest checkpoint:
+Preemptible machines (torchrun restarts the group, which continues from the latest checkpoint):
     torchrun --standalone --nproc_per_node=8 --max-restarts=3 ppo_atari_multigpu.py --resume auto
-
 Evaluate a saved policy:
     python ppo_atari_multigpu.py --eval-checkpoint checkpoints/<env_id>__<exp_name>__<seed>/final_model.pt
 
-The global batch is world_size * local_num_envs * num_steps: adding processes adds environments,
-so a run with N processes does the same number of updates on N times as much data per update.
-The algorithm comes first in this file; below the "Machinery" divider are input validation,
+The global batch is world_size * local_num_envs * num_steps: N processes do the same number of updates, each on
+N times as much data. The algorithm comes first in this file; below the "Machinery" divider are input validation,
 checkpoints, preemption, evaluation and reports, which a researcher should not need to read.
 """
 
@@ -33,6 +28,7 @@ import traceback
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -109,9 +105,8 @@ class BatchSizes:
 
 
 def batch_sizes(args: Args, world_size: int) -> BatchSizes:
-    num_envs = args.local_num_envs * world_size
+    num_envs, local_batch_size = args.local_num_envs * world_size, args.local_num_envs * args.num_steps
     batch_size = num_envs * args.num_steps
-    local_batch_size = args.local_num_envs * args.num_steps
     return BatchSizes(num_envs, local_batch_size, local_batch_size // args.num_minibatches, batch_size,
                       batch_size // args.num_minibatches, args.total_timesteps // batch_size)
 
@@ -120,6 +115,15 @@ def batch_sizes(args: Args, world_size: int) -> BatchSizes:
 # Environment: the DeepMind Atari preprocessing. gymnasium 1.x has max-and-skip, resize and frame
 # stacking; noop reset, episodic life and fire reset are written here.
 # ---------------------------------------------------------------------------------------------------
+def play(env: gym.Env, actions) -> tuple:
+    """Step `actions` in turn, starting a new game if one ends; return the last observation and info."""
+    for action in actions:
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            obs, info = env.reset()
+    return obs, info
+
+
 class NoopReset(gym.Wrapper):
     """After a reset, play a random number (1..noop_max) of no-ops so that episodes start in different states."""
 
@@ -129,12 +133,8 @@ class NoopReset(gym.Wrapper):
         self.noop_max = noop_max
 
     def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                obs, info = self.env.reset()
-        return obs, info
+        self.env.reset(**kwargs)
+        return play(self.env, [0] * self.unwrapped.np_random.integers(1, self.noop_max + 1))
 
 
 class EpisodicLife(gym.Wrapper):
@@ -149,17 +149,11 @@ class EpisodicLife(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = self.unwrapped.ale.lives()
-        terminated = terminated or 0 < lives < self.lives
-        self.lives = lives
+        terminated, self.lives = terminated or 0 < lives < self.lives, lives
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs):
-        if self.game_over:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                obs, info = self.env.reset()
+        obs, info = self.env.reset(**kwargs) if self.game_over else play(self.env, [0])
         self.game_over, self.lives = False, self.unwrapped.ale.lives()
         return obs, info
 
@@ -172,12 +166,8 @@ class FireReset(gym.Wrapper):
         assert env.unwrapped.get_action_meanings()[1] == "FIRE"
 
     def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for action in (1, 2):
-            obs, _, terminated, truncated, info = self.env.step(action)
-            if terminated or truncated:
-                obs, info = self.env.reset()
-        return obs, info
+        self.env.reset(**kwargs)
+        return play(self.env, (1, 2))
 
 
 def make_env(env_id: str, record_video_dir: Optional[str] = None):
@@ -199,8 +189,7 @@ def make_env(env_id: str, record_video_dir: Optional[str] = None):
             env = FireReset(env)
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
         env = gym.wrappers.ResizeObservation(env, (84, 84))
-        env = gym.wrappers.FrameStackObservation(env, 4)
-        return env
+        return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
 
@@ -269,8 +258,7 @@ class Agent(nn.Module):
 
     def hidden(self, obs: torch.Tensor) -> torch.Tensor:
         # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the float cast.
-        x = obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0)
-        return self.network(x)
+        return self.network(obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0))
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.hidden(obs)).float()
@@ -286,13 +274,13 @@ class Agent(nn.Module):
 
 
 def sample_action(logits: torch.Tensor) -> torch.Tensor:
-    """A sample of Categorical(logits) by Gumbel-max: argmax(logits + Gumbel noise), with no check that
-    waits for the GPU (Categorical.sample's multinomial validates its input on the host)."""
+    """Categorical(logits) sampled by Gumbel-max, argmax(logits + Gumbel noise): unlike multinomial, no
+    check of the input that waits for the GPU."""
     return torch.argmax(logits - torch.empty_like(logits).exponential_().log(), dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Algorithm: rollout, advantages, the data-parallel PPO update.
+# Algorithm: rollout, advantages, the data-parallel PPO update, the training loop.
 # ---------------------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
@@ -327,12 +315,9 @@ class Rollout:
 
 
 def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: float, env_timer) -> list:
-    """Step every env `num_steps` times with actions from `policy(obs) -> (action, logprob, value)`.
-
-    With several groups, one group's envs step (in worker processes) while the policy computes the next
-    group's actions; every action still comes from the current policy. Returns the finished games as
-    (step index, return, length).
-    """
+    """Step every env `num_steps` times with actions from `policy(obs) -> (action, logprob, value)`; return
+    the finished games as (step index, return, length). With two groups, one group's envs step (in worker
+    processes) while the policy computes the other's actions, each action still from the current policy."""
     episodes = []
 
     def receive(group: EnvGroup, step: int):
@@ -369,11 +354,8 @@ def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: flo
 
 
 def compute_advantages(rewards, values, dones, next_value, next_done, *, gamma: float, gae_lambda: float):
-    """GAE(lambda) over a rollout of shape (num_steps, num_envs); returns (advantages, returns).
-
-    `dones[t]` is 1 when observation t starts a new episode (the transition before it ended one);
-    `next_value` / `next_done` describe the observation after the last step.
-    """
+    """GAE(lambda) over a (num_steps, num_envs) rollout; returns (advantages, returns). `dones[t]` is 1 when
+    observation t starts a new episode; `next_value` / `next_done` describe the observation after the last step."""
     # ALGO LOGIC: advantages
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
@@ -408,11 +390,8 @@ def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
 
 def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor,
                batch: dict, world_size: int, *, minibatch_size: int, autocast, allreduce_timer):
-    """`update_epochs` passes over this rank's batch; each minibatch's gradient is averaged over all ranks.
-
-    Returns the loss statistics (means over minibatches), whether every loss and gradient was finite,
-    and the number of epochs run.
-    """
+    """`update_epochs` passes over this rank's batch, each minibatch's gradient averaged over all ranks.
+    Returns the loss statistics (means over minibatches), whether all were finite, and the epochs run."""
     totals, num_updates, finite = 0, 0, torch.ones((), dtype=torch.bool, device=flat_grad.device)
     for epoch in range(1, args.update_epochs + 1):
         for mb in torch.randperm(len(batch["obs"]), device=flat_grad.device).split(minibatch_size):
@@ -512,12 +491,12 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                 print(f"note: resuming with a changed setting: {note}", flush=True)
     writer = open_writer(args, sizes, run_name, world_size, global_step, resumed) if master_process else None
 
-    obs_shape = groups[0].envs.single_observation_space.shape
-    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, obs_shape, device)
+    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, groups[0].envs.single_observation_space.shape,
+                               device)
     env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
     start_time, start_step, last_print = time.time(), global_step, 0.0
-    last_checkpoint_time, last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
-    exit_code = 0
+    last_checkpoint_time, exit_code = time.time(), 0
+    last_checkpoint = latest_checkpoint(checkpoint_dir)
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
 
@@ -527,7 +506,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
 
     def checkpoint_state(iteration: int) -> Optional[dict]:
         """Everything needed to continue, as a plain dict; a collective (every rank's RNG state), on rank 0."""
-        rng = gather_to_rank0(rng_state(device), rank, world_size)
+        rng = all_gather(rng_state(device), world_size)
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
                 "global_step": global_step, "args": asdict(args), "world_size": world_size, "rng": rng,
                 "run_name": run_name, "elapsed": elapsed_before + time.time() - start_time,
@@ -582,7 +561,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                       file=sys.stderr, flush=True)
             exit_code = EXIT_NON_FINITE
             break
-        per_rank = gather_to_rank0((episodes, epochs), rank, world_size)
+        per_rank = all_gather((episodes, epochs), world_size)
         if checkpoint_now or stop_now:
             state = checkpoint_state(iteration)
             if master_process:
@@ -600,7 +579,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                 eta = (last_print - start_time) / (iteration - start_iteration + 1) * (sizes.num_iterations - iteration)
                 mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
                 print(f"iter {iteration}/{sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
-                      f"return {mean_return} (last {len(recent_returns)}) | eta {format_duration(eta)}", flush=True)
+                      f"return {mean_return} (last {len(recent_returns)}) | eta {timedelta(seconds=int(eta))}",
+                      flush=True)
         if stop_now:
             if master_process:
                 print(f"stopping on {stop.signal_name or 'a signal to another rank'} after iteration {iteration}; "
@@ -618,7 +598,11 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     if master_process:
         print_summary(args, sizes, exit_code, global_step=global_step, wall=elapsed_before + time.time() - start_time,
                       recent_returns=recent_returns, last_checkpoint=last_checkpoint)
-        close_writer(writer, args)
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
     return exit_code
 
 
@@ -721,53 +705,52 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("checkpoint_interval_minutes", 0, float("inf"))):
         if not low <= getattr(args, name) <= high:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got {getattr(args, name)}")
-    if args.eval_checkpoint and world_size > 1:
-        raise ConfigError("--eval-checkpoint runs in one process: start it with python, not torchrun")
     sizes = batch_sizes(args, world_size)
-    if sizes.local_batch_size % args.num_minibatches:
-        raise ConfigError(f"the local batch (local_num_envs * num_steps = {sizes.local_batch_size}) is not divisible "
-                          f"by --num-minibatches {args.num_minibatches}; pick sizes that divide evenly")
-    if sizes.num_iterations == 0:
-        raise ConfigError(f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
-                          f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x "
-                          f"{args.num_steps} steps): the run would train nothing; raise --total-timesteps or shrink "
-                          f"the batch")
-    if args.device_ids and len(args.device_ids) != local_world_size:
-        raise ConfigError(f"--device-ids names {len(args.device_ids)} devices but this node runs {local_world_size} "
-                          f"processes; give exactly one id per local process")
-    if args.vector_env == "double" and args.local_num_envs < 2:
-        raise ConfigError("--vector-env double steps two halves of a process's envs: "
-                          "--local-num-envs must be at least 2")
-    if args.backend == "nccl" and not cuda_device_count:
-        raise ConfigError("--backend nccl needs CUDA, which is unavailable (or --no-cuda was given); "
-                          "use --backend gloo")
-    ids = []
-    if cuda_device_count:
-        ids = list(args.device_ids) or list(range(local_world_size))
-        if max(ids) >= cuda_device_count or min(ids) < 0:
-            raise ConfigError(f"device ids {ids} do not all exist: this node has {cuda_device_count} CUDA devices; "
-                              f"run at most {cuda_device_count} processes per node or pass valid --device-ids")
-        if args.backend == "nccl" and len(set(ids)) < len(ids):
-            raise ConfigError(f"NCCL cannot run two processes on one GPU (device ids {ids}); "
-                              f"run one process per GPU, or use --backend gloo to share GPUs")
-    elif args.device_ids:
-        raise ConfigError("--device-ids was given but CUDA is unavailable (or --no-cuda was given); drop --device-ids")
-    if args.backend and not dist.is_backend_available(args.backend):
-        raise ConfigError(f"this torch build has no '{args.backend}' backend; use --backend gloo")
-    for flag, package, wanted in (("--capture-video", "moviepy", args.capture_video), ("--track", "wandb", args.track)):
-        if wanted and not package_importable(package):
-            raise ConfigError(f"{flag} needs {package}: pip install {package}")
+    ids = (list(args.device_ids) or list(range(local_world_size))) if cuda_device_count else []
+    refusals = [  # (refused, why); the first that holds is reported
+        (args.eval_checkpoint and world_size > 1, "--eval-checkpoint runs in one process: start it with python, "
+         "not torchrun"),
+        (sizes.local_batch_size % args.num_minibatches, f"the local batch (local_num_envs * num_steps = "
+         f"{sizes.local_batch_size}) is not divisible by --num-minibatches {args.num_minibatches}"),
+        (sizes.num_iterations == 0, f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
+         f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps)"),
+        (args.device_ids and len(args.device_ids) != local_world_size, f"--device-ids names {len(args.device_ids)} "
+         f"devices but this node runs {local_world_size} processes; give one id per local process"),
+        (args.vector_env == "double" and args.local_num_envs < 2, "--vector-env double steps two halves of a "
+         "process's envs: --local-num-envs must be at least 2"),
+        (args.backend == "nccl" and not cuda_device_count, "--backend nccl needs CUDA, which is unavailable (or "
+         "--no-cuda was given); use --backend gloo"),
+        (ids and not 0 <= min(ids) <= max(ids) < cuda_device_count, f"device ids {ids} do not all exist: this node "
+         f"has {cuda_device_count} CUDA devices; run fewer processes per node or pass valid --device-ids"),
+        (args.backend == "nccl" and len(set(ids)) < len(ids), f"NCCL cannot run two processes on one GPU (device "
+         f"ids {ids}); run one process per GPU, or use --backend gloo to share GPUs"),
+        (args.device_ids and not cuda_device_count, "--device-ids was given but CUDA is unavailable (or --no-cuda "
+         "was given); drop --device-ids"),
+        (args.backend and not dist.is_backend_available(args.backend), f"this torch build has no '{args.backend}' "
+         "backend; use --backend gloo"),
+        (args.capture_video and not importable("moviepy"), "--capture-video needs moviepy: pip install moviepy"),
+        (args.track and not importable("wandb"), "--track needs wandb: pip install wandb"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(why)
     return choose_backend(args.backend, world_size, ids, dist.is_nccl_available())
+
+
+def importable(package: str) -> bool:
+    try:
+        __import__(package)
+        return True
+    except ImportError:
+        return False
 
 
 def choose_backend(requested: Optional[str], world_size: int, cuda_ids: list, nccl_available: bool) -> tuple:
     """The process group's backend (None: one process needs no group), and a note when it is not the obvious one."""
     if world_size == 1:
         return None, None
-    if requested:
-        return requested, None
-    if not cuda_ids:
-        return "gloo", None
+    if requested or not cuda_ids:
+        return requested or "gloo", None
     if len(set(cuda_ids)) < len(cuda_ids):
         return "gloo", f"processes share GPUs (device ids {cuda_ids}), which NCCL refuses: using gloo"
     if not nccl_available:
@@ -799,14 +782,6 @@ def agree_on_backend(store, backend: str, rank: int, world_size: int) -> None:
                               f"{choices[0][1]} chose {choices[0][0]} (is CUDA broken on {host}?); pass --backend")
 
 
-def package_importable(name: str) -> bool:
-    try:
-        __import__(name)
-        return True
-    except ImportError:
-        return False
-
-
 def check_env_id(env_id: str) -> None:
     """Refuse ids that are unknown, not Atari, or not discrete, with a one-line reason."""
     try:
@@ -814,11 +789,10 @@ def check_env_id(env_id: str) -> None:
     except gym.error.Error as e:
         raise ConfigError(f"unknown env id {env_id!r}: {str(e).splitlines()[0]}") from None
     if spec.entry_point != "ale_py.env:AtariEnv":
-        env = gym.make(env_id)
-        action_space = env.action_space
-        env.close()
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"{env_id} has a non-discrete action space ({action_space}); PPO here needs Discrete")
+        with gym.make(env_id) as env:
+            if not isinstance(env.action_space, gym.spaces.Discrete):
+                raise ConfigError(f"{env_id} has a non-discrete action space ({env.action_space}); PPO here needs "
+                                  f"Discrete")
         raise ConfigError(f"{env_id} is not an Atari (ALE) environment; use e.g. BreakoutNoFrameskip-v4")
 
 
@@ -832,23 +806,19 @@ def env_seeds(seed: int, rank: int, local_num_envs: int) -> list[int]:
     return [seed + rank * local_num_envs + i for i in range(local_num_envs)]
 
 
-def gather_to_rank0(obj, rank: int, world_size: int) -> Optional[list]:
-    """Every rank's `obj`, in rank order, on global rank 0 (None elsewhere)."""
+def all_gather(obj, world_size: int) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
     if world_size == 1:
         return [obj]
-    gathered = [None] * world_size if rank == 0 else None
-    dist.gather_object(obj, gathered, dst=0)
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, obj)
     return gathered
 
 
 def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, *,
                  rank: int, world_size: int) -> None:
     """Rank 0 prints the versions, where each rank runs with which env seeds, and the derived sizes."""
-    this_rank = (rank, socket.gethostname(), str(device), torch.get_num_threads(), seeds)
-    ranks = [this_rank]
-    if world_size > 1:
-        ranks = [None] * world_size
-        dist.all_gather_object(ranks, this_rank)
+    ranks = all_gather((rank, socket.gethostname(), str(device), torch.get_num_threads(), seeds), world_size)
     if rank != 0:
         return
     nccl = f" | NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if backend == "nccl" else ""
@@ -891,14 +861,6 @@ def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, g
     return writer
 
 
-def close_writer(writer, args: Args) -> None:
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-
-
 def log_iteration(writer, per_rank: list, losses: dict, batch: dict, global_step: int, charts: dict) -> list:
     """Log every rank's finished games and this iteration's losses; return the games' returns."""
     epochs = {e for _, e in per_rank}
@@ -923,13 +885,8 @@ def print_summary(args: Args, sizes: BatchSizes, exit_code: int, *, global_step:
     mean_return = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
     cost = f" | cost {args.cost_per_hour * wall / 3600:.2f}" if args.cost_per_hour is not None else ""
     print(f"summary: {status} | {global_step:,} / {sizes.num_iterations * sizes.batch_size:,} steps | wall "
-          f"{format_duration(wall)} | {global_step / max(wall, 1e-9):,.0f} steps/s | return {mean_return} "
+          f"{timedelta(seconds=int(wall))} | {global_step / max(wall, 1e-9):,.0f} steps/s | return {mean_return} "
           f"(last {len(recent_returns)} games) | checkpoint {last_checkpoint or 'none'}{cost}", flush=True)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
 class SectionTimer:
@@ -966,10 +923,7 @@ def parameter_digest(model: nn.Module) -> str:
 
 def check_ranks_agree(agent: nn.Module, rank: int, world_size: int) -> None:
     """Data parallelism is only correct while every rank holds the same weights: check it at the end."""
-    digests = [parameter_digest(agent)]
-    if world_size > 1:
-        digests = [None] * world_size
-        dist.all_gather_object(digests, parameter_digest(agent))
+    digests = all_gather(parameter_digest(agent), world_size)
     if len(set(digests)) > 1:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
     if rank == 0:
@@ -977,8 +931,8 @@ def check_ranks_agree(agent: nn.Module, rank: int, world_size: int) -> None:
 
 
 def atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file in the same folder, flush it to disk, then rename it over `path`: a crash
-    leaves the old file or the new one, never a torn one."""
+    """Write a temporary file beside `path`, flush it to disk, rename it over `path`: a crash leaves the old
+    file or the new one, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
@@ -1002,8 +956,7 @@ def save_checkpoint(state: dict, directory: Path, keep: int) -> Path:
 
 
 def latest_checkpoint(directory: Path) -> Optional[Path]:
-    checkpoints = sorted(directory.glob("checkpoint_*.pt"))
-    return checkpoints[-1] if checkpoints else None
+    return max(directory.glob("checkpoint_*.pt"), default=None)  # zero-padded steps: the newest sorts last
 
 
 def load_checkpoint(path: Path, required=("model", "args")) -> dict:
@@ -1022,14 +975,14 @@ def load_checkpoint(path: Path, required=("model", "args")) -> dict:
 
 
 def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: int) -> Optional[dict]:
-    """Rank 0 reads and checks the checkpoint to resume; every rank gets the same state (or the same refusal).
-    The state is the saved dict plus `path` and `notes` (the settings that changed)."""
+    """Rank 0 reads and checks the checkpoint to resume; every rank gets the same state (or the same refusal):
+    the saved dict plus `path` and `notes` (the settings that changed)."""
     if not args.resume:
         return None
     verdict = [None]
     if rank == 0:
         try:
-            path = latest_checkpoint(checkpoint_dir) if args.resume == "auto" else Path(args.resume)
+            path = Path(args.resume) if args.resume != "auto" else latest_checkpoint(checkpoint_dir)
             if path is not None:
                 saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
                                                         "world_size", "rng", "run_name"))
