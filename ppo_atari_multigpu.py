@@ -105,8 +105,9 @@ class BatchSizes:
 
 
 def batch_sizes(args: Args, world_size: int) -> BatchSizes:
-    num_envs, local_batch_size = args.local_num_envs * world_size, args.local_num_envs * args.num_steps
+    num_envs = args.local_num_envs * world_size
     batch_size = num_envs * args.num_steps
+    local_batch_size = args.local_num_envs * args.num_steps
     return BatchSizes(num_envs, local_batch_size, local_batch_size // args.num_minibatches, batch_size,
                       batch_size // args.num_minibatches, args.total_timesteps // batch_size)
 
@@ -149,7 +150,8 @@ class EpisodicLife(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = self.unwrapped.ale.lives()
-        terminated, self.lives = terminated or 0 < lives < self.lives, lives
+        terminated = terminated or 0 < lives < self.lives
+        self.lives = lives
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs):
@@ -258,7 +260,8 @@ class Agent(nn.Module):
 
     def hidden(self, obs: torch.Tensor) -> torch.Tensor:
         # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the float cast.
-        return self.network(obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0))
+        x = obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0)
+        return self.network(x)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.hidden(obs)).float()
@@ -491,12 +494,12 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                 print(f"note: resuming with a changed setting: {note}", flush=True)
     writer = open_writer(args, sizes, run_name, world_size, global_step, resumed) if master_process else None
 
-    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, groups[0].envs.single_observation_space.shape,
-                               device)
+    obs_shape = groups[0].envs.single_observation_space.shape
+    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, obs_shape, device)
     env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
     start_time, start_step, last_print = time.time(), global_step, 0.0
-    last_checkpoint_time, exit_code = time.time(), 0
-    last_checkpoint = latest_checkpoint(checkpoint_dir)
+    last_checkpoint_time, last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
+    exit_code = 0
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
 
@@ -598,11 +601,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     if master_process:
         print_summary(args, sizes, exit_code, global_step=global_step, wall=elapsed_before + time.time() - start_time,
                       recent_returns=recent_returns, last_checkpoint=last_checkpoint)
-        writer.close()
-        if args.track:
-            import wandb
-
-            wandb.finish()
+        close_writer(writer, args)
     return exit_code
 
 
@@ -711,11 +710,13 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
         (args.eval_checkpoint and world_size > 1, "--eval-checkpoint runs in one process: start it with python, "
          "not torchrun"),
         (sizes.local_batch_size % args.num_minibatches, f"the local batch (local_num_envs * num_steps = "
-         f"{sizes.local_batch_size}) is not divisible by --num-minibatches {args.num_minibatches}"),
+         f"{sizes.local_batch_size}) is not divisible by --num-minibatches {args.num_minibatches}; pick sizes that "
+         f"divide evenly"),
         (sizes.num_iterations == 0, f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
-         f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps)"),
+         f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps): the "
+         f"run would train nothing; raise --total-timesteps or shrink the batch"),
         (args.device_ids and len(args.device_ids) != local_world_size, f"--device-ids names {len(args.device_ids)} "
-         f"devices but this node runs {local_world_size} processes; give one id per local process"),
+         f"devices but this node runs {local_world_size} processes; give exactly one id per local process"),
         (args.vector_env == "double" and args.local_num_envs < 2, "--vector-env double steps two halves of a "
          "process's envs: --local-num-envs must be at least 2"),
         (args.backend == "nccl" and not cuda_device_count, "--backend nccl needs CUDA, which is unavailable (or "
@@ -861,6 +862,14 @@ def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, g
     return writer
 
 
+def close_writer(writer, args: Args) -> None:
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+
+
 def log_iteration(writer, per_rank: list, losses: dict, batch: dict, global_step: int, charts: dict) -> list:
     """Log every rank's finished games and this iteration's losses; return the games' returns."""
     epochs = {e for _, e in per_rank}
@@ -931,8 +940,8 @@ def check_ranks_agree(agent: nn.Module, rank: int, world_size: int) -> None:
 
 
 def atomic_save(obj, path: Path) -> None:
-    """Write a temporary file beside `path`, flush it to disk, rename it over `path`: a crash leaves the old
-    file or the new one, never a torn one."""
+    """Write to a temporary file in the same folder, flush it to disk, then rename it over `path`: a crash
+    leaves the old file or the new one, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
@@ -975,14 +984,14 @@ def load_checkpoint(path: Path, required=("model", "args")) -> dict:
 
 
 def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: int) -> Optional[dict]:
-    """Rank 0 reads and checks the checkpoint to resume; every rank gets the same state (or the same refusal):
-    the saved dict plus `path` and `notes` (the settings that changed)."""
+    """Rank 0 reads and checks the checkpoint to resume; every rank gets the same state (or the same refusal).
+    The state is the saved dict plus `path` and `notes` (the settings that changed)."""
     if not args.resume:
         return None
     verdict = [None]
     if rank == 0:
         try:
-            path = Path(args.resume) if args.resume != "auto" else latest_checkpoint(checkpoint_dir)
+            path = latest_checkpoint(checkpoint_dir) if args.resume == "auto" else Path(args.resume)
             if path is not None:
                 saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
                                                         "world_size", "rng", "run_name"))
