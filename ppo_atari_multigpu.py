@@ -259,8 +259,9 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, obs: torch.Tensor) -> torch.Tensor:
-        # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the float cast.
-        x = obs.contiguous(memory_format=torch.channels_last).to(torch.float32).div_(255.0)
+        # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the cast to the
+        # parameters' dtype (float32; the tests' exact comparison with a textbook update runs in float64).
+        x = obs.contiguous(memory_format=torch.channels_last).to(self.critic.weight.dtype).div_(255.0)
         return self.network(x)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -375,12 +376,26 @@ def flat_gradient_buffer(model: nn.Module) -> torch.Tensor:
     """Make every parameter's .grad a view into one flat tensor, so the all-reduce needs no copies.
     Each view keeps its parameter's strides (channels_last convolutions), as autograd expects."""
     params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     offset = 0
     for p in params:
         p.grad = flat.as_strided(p.shape, p.stride(), offset)
         offset += p.numel()
     return flat
+
+
+def make_learner(num_actions: int, device: torch.device, learning_rate: float) -> tuple:
+    """The agent (channels-last), its fused Adam (eps 1e-5) and the flat buffer its gradients live in."""
+    agent = Agent(num_actions).to(device, memory_format=torch.channels_last)
+    flat_grad = flat_gradient_buffer(agent)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
+    return agent, optimizer, flat_grad
+
+
+def get_lr(iteration: int, num_iterations: int, learning_rate: float, anneal: bool) -> float:
+    """The rate of 1-based `iteration`: linear from the full rate at the first to 1/num_iterations of it at the last."""
+    # ALGO LOGIC: learning-rate schedule
+    return (1.0 - (iteration - 1.0) / num_iterations) * learning_rate if anneal else learning_rate
 
 
 def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -389,6 +404,34 @@ def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         tensor.div_(world_size)
     return tensor
+
+
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, entropy, *, clip_coef: float,
+             clip_vloss: bool, norm_adv: bool, ent_coef: float, vf_coef: float):
+    """The PPO objective of one minibatch (tensors of shape (minibatch,)): the loss to minimise and the
+    statistics logged as losses/<name> (a new term is one more entry there)."""
+    # ALGO LOGIC: the PPO loss
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    if norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    v_loss_unclipped = (newvalue - returns) ** 2
+    if clip_vloss:
+        v_clipped = oldvalue + torch.clamp(newvalue - oldvalue, -clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * v_loss_unclipped.mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef
+    with torch.no_grad():
+        stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss,
+                 "old_approx_kl": (-logratio).mean(), "approx_kl": ((ratio - 1) - logratio).mean(),
+                 "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean()}
+    return loss, stats
 
 
 def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor,
@@ -400,30 +443,10 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
         for mb in torch.randperm(len(batch["obs"]), device=flat_grad.device).split(minibatch_size):
             with autocast:
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch["obs"][mb], batch["actions"][mb])
-            # ALGO LOGIC: the PPO loss
-            logratio = newlogprob - batch["logprobs"][mb]
-            ratio = logratio.exp()
-            mb_advantages = batch["advantages"][mb]
-            if args.norm_adv:
-                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss1 = -mb_advantages * ratio
-            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-            newvalue = newvalue.view(-1)
-            v_loss_unclipped = (newvalue - batch["returns"][mb]) ** 2
-            if args.clip_vloss:
-                v_clipped = batch["values"][mb] + torch.clamp(newvalue - batch["values"][mb],
-                                                              -args.clip_coef, args.clip_coef)
-                v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - batch["returns"][mb]) ** 2).mean()
-            else:
-                v_loss = 0.5 * v_loss_unclipped.mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            with torch.no_grad():  # logged as losses/<name>: a new term is one more entry here
-                stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss,
-                         "old_approx_kl": (-logratio).mean(), "approx_kl": ((ratio - 1) - logratio).mean(),
-                         "clipfrac": ((ratio - 1.0).abs() > args.clip_coef).float().mean()}
+            loss, stats = ppo_loss(newlogprob, batch["logprobs"][mb], batch["advantages"][mb], newvalue.view(-1),
+                                   batch["values"][mb], batch["returns"][mb], entropy, clip_coef=args.clip_coef,
+                                   clip_vloss=args.clip_vloss, norm_adv=args.norm_adv, ent_coef=args.ent_coef,
+                                   vf_coef=args.vf_coef)
 
             # TRY NOT TO MODIFY: the data-parallel step
             flat_grad.zero_()
@@ -463,12 +486,10 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     torch.backends.cudnn.benchmark = not args.torch_deterministic
     fp32_precision = "tf32" if args.tf32 else "ieee"  # stated, not inherited: PyTorch's defaults differ per op
     torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = fp32_precision
-    agent = Agent(groups[0].envs.single_action_space.n).to(device, memory_format=torch.channels_last)
+    agent, optimizer, flat_grad = make_learner(groups[0].envs.single_action_space.n, device, args.learning_rate)
     if world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
-    flat_grad = flat_gradient_buffer(agent)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     # From here on the ranks differ: each samples its own actions.
     random.seed(args.seed + rank)
@@ -518,8 +539,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     stop = StopRequest()  # signals are caught from here on; before, they end a process with nothing to save
     iteration = start_iteration - 1
     for iteration in range(start_iteration, sizes.num_iterations + 1):
-        if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / sizes.num_iterations) * args.learning_rate
+        optimizer.param_groups[0]["lr"] = get_lr(iteration, sizes.num_iterations, args.learning_rate, args.anneal_lr)
 
         rollout_start = time.perf_counter()
         # One autocast region for the whole rollout: under bf16 the weights are cast once, not at every step.
@@ -617,26 +637,30 @@ def main() -> None:
 
     # Every check that can fail runs before the process group exists: a rank that refuses its settings
     # exits at once, and no rank is left waiting for it in a collective.
+    store = None
+    if WORLD_SIZE > 1:
+        # torchrun keeps one store across elastic restarts: key each attempt apart, or a restarted rank can
+        # read the dead attempt's addresses (gloo then fails with "Connection refused").
+        store, _, _ = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     try:
         cuda_device_count = torch.cuda.device_count() if args.cuda and torch.cuda.is_available() else 0
         backend, backend_note = check_args(args, WORLD_SIZE, LOCAL_WORLD_SIZE, cuda_device_count)
-        if backend_note and RANK == 0:
-            print(f"note: {backend_note}", flush=True)
         device = select_device(args, LOCAL_RANK, cuda_device_count)
-        check_bf16(args.precision, torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
+        bf16_note = check_bf16(args.precision, torch.cuda.get_device_capability(device) if device.type == "cuda"
+                               else None, cpu_has_bf16())
+        for note in (backend_note, bf16_note):
+            if note and RANK == 0:
+                print(f"note: {note}", flush=True)
         if args.eval_checkpoint:
             evaluate(args.eval_checkpoint, args.eval_episodes, args.local_num_envs, device, args.seed,
                      f"videos/eval__{Path(args.eval_checkpoint).stem}" if args.capture_video else None)
             return
         check_env_id(args.env_id)
         if WORLD_SIZE > 1:
-            # torchrun keeps one store across elastic restarts: key each attempt apart, or a restarted rank can
-            # read the dead attempt's addresses (gloo then fails with "Connection refused").
-            store, _, _ = next(dist.rendezvous("env://"))
-            store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
             agree_on_backend(store, backend, RANK, WORLD_SIZE)
     except ConfigError as e:
-        report_error(str(e), LOCAL_RANK)
+        report_error(str(e), store)
         sys.exit(EXIT_CONFIG_ERROR)
 
     # Envs (and their subprocesses) start before the process group's threads. Env worker processes inherit
@@ -653,7 +677,7 @@ def main() -> None:
     try:
         exit_code = train(args, groups, device, backend, RANK, WORLD_SIZE)
     except ConfigError as e:  # a refused resume: every rank received the same verdict from rank 0
-        report_error(str(e), LOCAL_RANK)
+        report_error(str(e), store)
         exit_code = EXIT_CONFIG_ERROR
     except Exception:
         # Leave at once: a barrier or destroy_process_group here could wait forever on peers inside a collective.
@@ -688,17 +712,22 @@ class ConfigError(Exception):
     """A setting that cannot work; reported as one line, before any process waits on another."""
 
 
-def report_error(message: str, local_rank: int) -> None:
-    if local_rank == 0:  # one line per node; every rank exits non-zero
+def report_error(message: str, store=None) -> None:
+    """One line per node, from whichever of its processes refuses first (every rank exits non-zero): torchrun
+    stops the others as soon as one exits, maybe before they have printed."""
+    if store is None or store.add(f"refused/node_{os.environ.get('GROUP_RANK', '0')}", 1) == 1:
         print(f"{os.path.basename(__file__)}: error: {message}", file=sys.stderr, flush=True)
 
 
 def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> tuple:
     """Refuse settings that cannot work; return the backend (None: one process, no group) and a note on it.
     `cuda_device_count` is 0 without CUDA."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not np.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
                 "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm"]
-    for name in positive + (["torch_threads"] if args.torch_threads is not None else []):
+    for name in positive + [name for name in ("torch_threads", "target_kl") if getattr(args, name) is not None]:
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("checkpoint_interval_minutes", 0, float("inf"))):
@@ -765,11 +794,22 @@ def select_device(args: Args, local_rank: int, cuda_device_count: int) -> torch.
     return torch.device("cuda", args.device_ids[local_rank] if args.device_ids else local_rank)
 
 
-def check_bf16(precision: str, cuda_capability: Optional[tuple]) -> None:
-    """bf16 autocast needs native bf16 on a GPU (compute capability 8.0, Ampere, or newer); CPUs emulate it."""
-    if precision == "bf16" and cuda_capability is not None and tuple(cuda_capability) < (8, 0):
+def check_bf16(precision: str, cuda_capability: Optional[tuple], cpu_bf16: bool) -> Optional[str]:
+    """bf16 autocast is refused on GPUs older than compute capability 8.0 (Ampere). A CPU without native bf16
+    (AVX-512 bf16 or AMX) runs it emulated, several times slower than fp32: it runs, with a note."""
+    if precision != "bf16":
+        return None
+    if cuda_capability is not None and tuple(cuda_capability) < (8, 0):
         raise ConfigError(f"--precision bf16 needs a GPU of compute capability 8.0 or newer; this one has "
                           f"{'.'.join(map(str, cuda_capability))}: use --precision fp32")
+    if cuda_capability is None and not cpu_bf16:
+        return ("this CPU has no native bf16 (no AVX-512 bf16, no AMX): --precision bf16 is emulated and much "
+                "slower than fp32 here")
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def agree_on_backend(store, backend: str, rank: int, world_size: int) -> None:

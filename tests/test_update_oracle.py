@@ -1,0 +1,171 @@
+"""One whole PPO update of the script against a textbook one written here in plain PyTorch: functional
+NCHW layers, per-parameter gradients, clipping by global norm and Adam by hand. The script's update
+(channels-last, flat gradient views, fused Adam, the all-reduce) must end at the same parameters.
+
+Both run in float64: in float32 the two convolution algorithms' gradients differ by up to ~1e-6, which
+Adam (eps 1e-5) turns into steps of opposite sign for a few weights, and the comparison would need a
+tolerance loose enough to hide real mistakes."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import ppo_atari_multigpu as ppo
+from conftest import free_port
+
+NUM_ACTIONS, SEED = 4, 123
+LAYERS = [("network.0", 4), ("network.2", 2), ("network.4", 1)]  # the Nature CNN's convolutions and strides
+
+
+def oracle_forward(params: dict, obs, actions):
+    x = obs.double() / 255.0
+    for name, stride in LAYERS:
+        x = F.relu(F.conv2d(x, params[f"{name}.weight"], params[f"{name}.bias"], stride=stride))
+    x = F.relu(F.linear(x.flatten(1), params["network.7.weight"], params["network.7.bias"]))
+    log_probs = F.log_softmax(F.linear(x, params["actor.weight"], params["actor.bias"]), dim=1)
+    value = F.linear(x, params["critic.weight"], params["critic.bias"]).squeeze(1)
+    entropy = -(log_probs.exp() * log_probs).sum(1)
+    return log_probs.gather(1, actions[:, None]).squeeze(1), entropy, value
+
+
+def oracle_loss(args, params, batch, mb):
+    """The clipped PPO objective as the paper and CleanRL write it; returns the loss and its statistics."""
+    logprob, entropy, value = oracle_forward(params, batch["obs"][mb], batch["actions"][mb])
+    log_ratio = logprob - batch["logprobs"][mb]
+    ratio = torch.exp(log_ratio)
+    adv = batch["advantages"][mb]
+    if args.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    returns, old_value = batch["returns"][mb], batch["values"][mb]
+    if args.clip_vloss:
+        clipped = old_value + (value - old_value).clamp(-args.clip_coef, args.clip_coef)
+        value_loss = 0.5 * torch.maximum((value - returns) ** 2, (clipped - returns) ** 2).mean()
+    else:
+        value_loss = 0.5 * ((value - returns) ** 2).mean()
+    loss = policy_loss - args.ent_coef * entropy.mean() + args.vf_coef * value_loss
+    stats = {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.mean().item(),
+             "approx_kl": ((ratio - 1) - log_ratio).mean().item()}
+    return loss, stats
+
+
+def oracle_update(args, initial: dict, rank_batches: list, minibatch_size: int, lr: float):
+    """`update_epochs` passes; each minibatch step uses the mean of the ranks' gradients (rank r draws its
+    minibatch order from seed SEED + r, as the script seeds each rank differently)."""
+    params = {name: t.detach().clone().contiguous().requires_grad_() for name, t in initial.items()}
+    m = {name: torch.zeros_like(p) for name, p in params.items()}
+    v = {name: torch.zeros_like(p) for name, p in params.items()}
+    orders = []
+    for rank, batch in enumerate(rank_batches):
+        torch.manual_seed(SEED + rank)
+        orders.append([torch.randperm(len(batch["obs"])).split(minibatch_size) for _ in range(args.update_epochs)])
+    beta1, beta2, eps, step, stats = 0.9, 0.999, 1e-5, 0, []
+    for epoch in range(args.update_epochs):
+        for k in range(len(orders[0][epoch])):
+            grads = {name: torch.zeros_like(p) for name, p in params.items()}
+            for rank, batch in enumerate(rank_batches):
+                loss, mb_stats = oracle_loss(args, params, batch, orders[rank][epoch][k])
+                for name, g in zip(params, torch.autograd.grad(loss, list(params.values()))):
+                    grads[name] += g / len(rank_batches)
+                if rank == 0:
+                    stats.append(mb_stats)
+            norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+            scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
+            step += 1
+            with torch.no_grad():
+                for name, p in params.items():
+                    g = grads[name] * scale
+                    m[name] = beta1 * m[name] + (1 - beta1) * g
+                    v[name] = beta2 * v[name] + (1 - beta2) * g * g
+                    m_hat, v_hat = m[name] / (1 - beta1 ** step), v[name] / (1 - beta2 ** step)
+                    p -= lr * m_hat / (v_hat.sqrt() + eps)
+    means = {key: sum(s[key] for s in stats) / len(stats) for key in stats[0]}
+    return {name: p.detach() for name, p in params.items()}, means
+
+
+def make_batch(initial: dict, size: int, seed: int) -> dict:
+    """Random frames and actions; old log-probabilities and values near the initial policy's, so that ratios
+    and value changes fall on both sides of the clip range."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=g)
+    actions = torch.randint(0, NUM_ACTIONS, (size,), generator=g)
+    with torch.no_grad():
+        logprob, _, value = oracle_forward(initial, obs, actions)
+    return {"obs": obs, "actions": actions, "logprobs": logprob + 0.3 * torch.randn(size, generator=g),
+            "values": value + 0.3 * torch.randn(size, generator=g),
+            "returns": value + torch.randn(size, generator=g), "advantages": torch.randn(size, generator=g)}
+
+
+def script_update(args, initial: dict, batch: dict, world_size: int, rank: int, lr: float):
+    agent, optimizer, flat_grad = ppo.make_learner(NUM_ACTIONS, torch.device("cpu"), lr)  # as train() builds it
+    agent.load_state_dict(initial)
+    torch.manual_seed(SEED + rank)
+    minibatch_size = ppo.batch_sizes(args, world_size).local_minibatch_size
+    losses, finite, epochs = ppo.ppo_update(args, agent, optimizer, flat_grad, batch, world_size,
+                                            minibatch_size=minibatch_size, autocast=torch.autocast("cpu", enabled=False),
+                                            allreduce_timer=ppo.SectionTimer(torch.device("cpu")))
+    assert bool(finite) and epochs == args.update_epochs
+    return {name: p.detach().clone() for name, p in agent.named_parameters()}, losses
+
+
+def initial_weights() -> dict:
+    torch.manual_seed(0)
+    return {name: t.clone() for name, t in ppo.Agent(NUM_ACTIONS).state_dict().items()}
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+ARGS = dict(local_num_envs=8, num_steps=8, num_minibatches=4, update_epochs=4)  # 64 samples, 4 x 16 per epoch
+TOLERANCE = 2e-7  # measured differences: up to 1e-8 (the script computes its loss terms in float32)
+
+
+def assert_same_update(final, expected, initial):
+    moved = max(float((expected[name] - initial[name]).abs().max()) for name in expected)
+    assert moved > 1000 * TOLERANCE  # the update really changed the weights
+    for name in expected:
+        torch.testing.assert_close(final[name], expected[name], rtol=0, atol=TOLERANCE, msg=name)
+
+
+@pytest.mark.parametrize("options", [{}, {"norm_adv": False, "clip_vloss": False, "max_grad_norm": 0.05}])
+def test_update_matches_the_textbook_update(options):
+    torch.set_num_threads(1)
+    args = ppo.Args(**ARGS, **options)
+    initial = initial_weights()
+    batch = make_batch(initial, 64, seed=1)
+    final, losses = script_update(args, initial, batch, world_size=1, rank=0, lr=2.5e-4)
+    expected, oracle_stats = oracle_update(args, initial, [batch], minibatch_size=16, lr=2.5e-4)
+    assert_same_update(final, expected, initial)
+    for name, value in oracle_stats.items():  # the logged statistics: means over the 16 minibatches
+        assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    assert 0 < losses["clipfrac"] < 1
+
+
+def worker(rank: int, port: int, initial: dict, batches: list, results):
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    args = ppo.Args(**{**ARGS, "local_num_envs": 4})  # half the envs per rank: the same 64 samples in all
+    results[rank] = script_update(args, initial, batches[rank], world_size=2, rank=rank, lr=2.5e-4)[0]
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_the_textbook_update_on_the_mean_gradient():
+    torch.set_num_threads(1)
+    initial = initial_weights()
+    whole = make_batch(initial, 64, seed=2)
+    halves = [{key: value[32 * r: 32 * (r + 1)] for key, value in whole.items()} for r in range(2)]
+    results = mp.Manager().dict()
+    mp.spawn(worker, args=(free_port(), initial, halves, results), nprocs=2, join=True)
+    expected, _ = oracle_update(ppo.Args(**ARGS), initial, halves, minibatch_size=8, lr=2.5e-4)
+    for rank in range(2):
+        assert_same_update(results[rank], expected, initial)
+    assert all(torch.equal(results[0][name], results[1][name]) for name in expected)  # bitwise equal ranks
