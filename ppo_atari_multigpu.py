@@ -77,9 +77,11 @@ class Args:
     target_kl: Optional[float] = None  # stop an iteration's epochs when the KL, averaged over ranks, exceeds it
 
     # Speed: how the same algorithm is computed
-    vector_env: Literal["sync", "async", "double"] = "sync"
+    vector_env: Literal["sync", "async", "double", "ale", "ale-double"] = "sync"
     """sync: envs step in this process; async: each in a subprocess; double: async in two halves, one half
-    stepping while the network picks the other half's actions"""
+    stepping while the network picks the other half's actions; ale: ale-py's C++ vector env (threads, no
+    Python per step); ale-double: ale in two halves, as double"""
+    env_threads: Optional[int] = None  # threads of --vector-env ale per process (default: its share of the cores)
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for the network (weights, optimiser, losses stay fp32)
     tf32: bool = False  # allow TF32 in fp32 convolutions and matmuls on GPUs (off: IEEE fp32, as on the CPU)
     torch_threads: Optional[int] = None  # torch threads per process (default: OMP_NUM_THREADS; torchrun sets 1)
@@ -205,6 +207,48 @@ def make_vector_env(env_id: str, num_envs: int, record_video_dir: Optional[str] 
     return vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
+class AtariVectorGames(gym.vector.VectorWrapper):
+    """ale-py's C++ vector env (its threads run the emulators and the 84x84 grey, max-and-skip 4, 4-frame
+    preprocessing) with the learning episodes of the Python stack: a lost life ends the learning episode while
+    the game goes on, the learner sees sign-clipped rewards, and finished games are reported whole and
+    unclipped under infos["final_info"]["episode"] (length in frames: 4 per agent step)."""
+
+    def __init__(self, env_id: str, num_envs: int, num_threads: int):
+        kwargs = gym.spec(env_id).kwargs
+        # episodic_life=False: ale-py's own episodic life restarts the game at a lost life; lives are watched here.
+        super().__init__(ale_py.AtariVectorEnv(
+            kwargs["game"], num_envs, num_threads=num_threads, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108_000), frameskip=4,
+            repeat_action_probability=0.0, noop_max=30, use_fire_reset=True, episodic_life=False,
+            reward_clipping=False))
+        self.num_threads = num_threads
+        self.returns, self.steps, self.lives = np.zeros(num_envs), np.zeros(num_envs, np.int64), None
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=None if seed is None else np.asarray(seed), options=options)
+        self.returns[:], self.steps[:], self.lives = 0, 0, info["lives"]
+        return obs, info
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.env.send(actions)  # the C++ threads step the envs meanwhile
+
+    def step_wait(self):
+        obs, rewards, terminations, truncations, info = self.env.recv()
+        game_over = terminations | truncations  # the env has already started the next game (SAME_STEP)
+        self.returns += rewards
+        self.steps += 1
+        life_lost = ~game_over & (info["lives"] < self.lives)
+        self.lives = info["lives"]
+        if game_over.any():
+            info["final_info"] = {"episode": {"r": self.returns.copy(), "l": 4 * self.steps}, "_episode": game_over}
+            self.returns[game_over], self.steps[game_over] = 0, 0
+        return obs, np.sign(rewards).astype(np.float32), terminations | life_lost, truncations, info
+
+    def step(self, actions: np.ndarray):
+        self.step_async(actions)
+        return self.step_wait()
+
+
 class EnvGroup:
     """Some of a process's envs, stepped as one: `send` the actions, `receive` the results."""
 
@@ -212,24 +256,29 @@ class EnvGroup:
         self.envs, self.index, self.actions = envs, index, None
 
     def send(self, actions: np.ndarray) -> None:
-        if isinstance(self.envs, gym.vector.AsyncVectorEnv):
-            self.envs.step_async(actions)  # the envs step in their worker processes meanwhile
+        if hasattr(self.envs, "step_async"):
+            self.envs.step_async(actions)  # the envs step in worker processes or C++ threads meanwhile
         else:
             self.actions = actions
 
     def receive(self):
-        if isinstance(self.envs, gym.vector.AsyncVectorEnv):
+        if hasattr(self.envs, "step_async"):
             return self.envs.step_wait()
         return self.envs.step(self.actions)
 
 
-def make_env_groups(args: Args, record_video_dir: Optional[str] = None) -> list:
-    """This process's envs: one vector env, or (--vector-env double) two halves that step in turn."""
+def make_env_groups(args: Args, record_video_dir: Optional[str] = None, env_threads: int = 1) -> list:
+    """This process's envs: one vector env, or (--vector-env double, ale-double) two halves that step in turn."""
     n = args.local_num_envs
-    if args.vector_env != "double":
-        return [EnvGroup(make_vector_env(args.env_id, n, record_video_dir, args.vector_env), slice(0, n))]
-    return [EnvGroup(make_vector_env(args.env_id, stop - start, record_video_dir if start == 0 else None, "async"),
-                     slice(start, stop)) for start, stop in ((0, n // 2), (n // 2, n))]
+    parts = ((0, n // 2), (n // 2, n)) if args.vector_env.endswith("double") else ((0, n),)
+
+    def vector_env(start: int, stop: int) -> gym.vector.VectorEnv:
+        if args.vector_env.startswith("ale"):
+            return AtariVectorGames(args.env_id, stop - start, max(1, env_threads // len(parts)))
+        return make_vector_env(args.env_id, stop - start, record_video_dir if start == 0 else None,
+                               "sync" if args.vector_env == "sync" else "async")
+
+    return [EnvGroup(vector_env(start, stop), slice(start, stop)) for start, stop in parts]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -476,7 +525,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     resumed = load_resume_state(args, checkpoint_dir, rank, world_size)  # None for a fresh run
     # A resumed run gets fresh env seeds, still distinct across the job.
     seeds = env_seeds(args.seed + (resumed["iteration"] * sizes.num_envs if resumed else 0), rank, args.local_num_envs)
-    print_banner(args, sizes, backend, device, seeds, rank=rank, world_size=world_size)
+    print_banner(args, sizes, backend, device, seeds, rank=rank, world_size=world_size,
+                 env_threads=sum(getattr(group.envs, "num_threads", 0) for group in groups))
 
     # Same seed on every rank: identical initial weights (and a broadcast to be sure across machines).
     random.seed(args.seed)
@@ -667,7 +717,8 @@ def main() -> None:
     # an ignored SIGINT: Ctrl-C then reaches the training process alone, which stops cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     video_dir = f"videos/{run_id(args)}__{int(time.time())}"
-    groups = make_env_groups(args, video_dir if args.capture_video and RANK == 0 else None)
+    env_threads = args.env_threads or max(1, len(os.sched_getaffinity(0)) // LOCAL_WORLD_SIZE)  # a fair share
+    groups = make_env_groups(args, video_dir if args.capture_video and RANK == 0 else None, env_threads)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -727,7 +778,8 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     positive = ["total_timesteps", "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
                 "checkpoint_keep", "learning_rate", "clip_coef", "max_grad_norm"]
-    for name in positive + [name for name in ("torch_threads", "target_kl") if getattr(args, name) is not None]:
+    optional = [name for name in ("torch_threads", "target_kl", "env_threads") if getattr(args, name) is not None]
+    for name in positive + optional:
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("checkpoint_interval_minutes", 0, float("inf"))):
@@ -746,8 +798,12 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
          f"run would train nothing; raise --total-timesteps or shrink the batch"),
         (args.device_ids and len(args.device_ids) != local_world_size, f"--device-ids names {len(args.device_ids)} "
          f"devices but this node runs {local_world_size} processes; give exactly one id per local process"),
-        (args.vector_env == "double" and args.local_num_envs < 2, "--vector-env double steps two halves of a "
-         "process's envs: --local-num-envs must be at least 2"),
+        (args.vector_env.endswith("double") and args.local_num_envs < 2, f"--vector-env {args.vector_env} steps two "
+         "halves of a process's envs: --local-num-envs must be at least 2"),
+        (args.env_threads is not None and not args.vector_env.startswith("ale"), "--env-threads sets the threads of "
+         "--vector-env ale or ale-double; drop it, or add --vector-env ale"),
+        (args.capture_video and args.vector_env.startswith("ale"), "--capture-video records the Python envs: ale-py's "
+         "vector env renders no frames; use another --vector-env"),
         (args.backend == "nccl" and not cuda_device_count, "--backend nccl needs CUDA, which is unavailable (or "
          "--no-cuda was given); use --backend gloo"),
         (ids and not 0 <= min(ids) <= max(ids) < cuda_device_count, f"device ids {ids} do not all exist: this node "
@@ -857,16 +913,17 @@ def all_gather(obj, world_size: int) -> list:
 
 
 def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: torch.device, seeds: list, *,
-                 rank: int, world_size: int) -> None:
+                 rank: int, world_size: int, env_threads: int) -> None:
     """Rank 0 prints the versions, where each rank runs with which env seeds, and the derived sizes."""
-    ranks = all_gather((rank, socket.gethostname(), str(device), torch.get_num_threads(), seeds), world_size)
+    threads = f"{torch.get_num_threads()} torch threads" + (f", {env_threads} env threads" if env_threads else "")
+    ranks = all_gather((rank, socket.gethostname(), str(device), threads, seeds), world_size)
     if rank != 0:
         return
     nccl = f" | NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if backend == "nccl" else ""
     print(f"torch {torch.__version__} | CUDA {torch.version.cuda or '-'}{nccl} | "
           f"backend {backend or '- (single process)'} | world size {world_size}")
     for r, host, dev, threads, s in ranks:
-        print(f"rank {r}: host {host}, device {dev}, {threads} torch threads, env seeds {s[0]}..{s[-1]}")
+        print(f"rank {r}: host {host}, device {dev}, {threads}, env seeds {s[0]}..{s[-1]}")
     print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "
           f"(local {sizes.local_batch_size}) | minibatch {sizes.minibatch_size} "
           f"(local {sizes.local_minibatch_size}) | iterations {sizes.num_iterations}", flush=True)

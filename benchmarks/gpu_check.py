@@ -4,7 +4,8 @@
     python benchmarks/gpu_check.py --no-cuda --seconds 5 --num-steps 16   # the same runs on the CPU: a smoke test
 
 Runs the real script under torchrun: 1 process x 8 envs sync; 1 process x 16, 32 and 64 envs double-buffered;
-bf16 (1 x 32 double-buffered); 4 processes sharing GPU 0 through gloo (`--device-ids 0 0 0 0`, no --backend:
+bf16 (1 x 32 double-buffered); ale-py's C++ vector env (`--vector-env ale`, 1 x 64 and 1 x 128 envs on
+16 threads, and `ale-double` with 128); 4 processes sharing GPU 0 through gloo (`--device-ids 0 0 0 0`, no --backend:
 the script must pick gloo and say so); and, where there are 2 GPUs, a short NCCL run of 2 processes whose
 ranks' final parameter digests must agree. Writes `benchmarks/results/throughput-<device>.md`.
 """
@@ -21,7 +22,7 @@ from throughput import RESULTS, Config, machine_description, measure_script  # n
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=30, help="training time per run (7 runs; default 30)")
+    parser.add_argument("--seconds", type=float, default=20, help="training time per run (10 runs; default 20)")
     parser.add_argument("--num-steps", type=int, default=128, help="rollout length (the reference's 128)")
     parser.add_argument("--no-cuda", action="store_true", help="run on the CPU, to check the script end to end")
     opts = parser.parse_args()
@@ -32,6 +33,8 @@ def main() -> int:
     cuda_flag = [] if gpus else ["--no-cuda"]
     runs = [(Config(1, 8), []), (Config(1, 16, "double"), []), (Config(1, 32, "double"), []),
             (Config(1, 64, "double"), []), (Config(1, 32, "double", "bf16"), []),
+            (Config(1, 64, "ale", env_threads=16), []), (Config(1, 128, "ale", env_threads=16), []),
+            (Config(1, 128, "ale-double", env_threads=16), []),
             (Config(4, 8, "double"), ["--device-ids", "0", "0", "0", "0"] if gpus else [])]
     if gpus >= 2:
         runs.append((Config(2, 8), ["--backend", "nccl"]))

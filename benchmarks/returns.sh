@@ -2,6 +2,7 @@
 # Learning benchmark: the exact commands behind benchmarks/results/learning-*.md.
 #
 #   bash benchmarks/returns.sh cpu   # CPU-budget protocol: Breakout, 1M steps, 2 processes x 4 envs (fp32 seeds 1-4)
+#   bash benchmarks/returns.sh cpu-ale [SEED...]   # the same command with --vector-env ale (default seeds 1 2)
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -9,8 +10,8 @@
 #   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-protocol="${1:?usage: returns.sh cpu|gpu}"
-out="$root/benchmarks/results/learning-$protocol"
+protocol="${1:?usage: returns.sh cpu|cpu-ale|gpu}"
+out="$root/benchmarks/results/learning-${protocol%-ale}"
 mkdir -p "$out"
 cd "$out"
 
@@ -28,6 +29,14 @@ cpu)
     done
     run 2 2x4-bf16 --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed 1 --precision bf16
     run 2 2x4-async --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed 1 --vector-env async
+    ;;
+cpu-ale)
+    shift
+    seeds=("$@")
+    [ ${#seeds[@]} -gt 0 ] || seeds=(1 2)
+    for seed in "${seeds[@]}"; do
+        run 2 2x4-ale --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed" --vector-env ale
+    done
     ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do

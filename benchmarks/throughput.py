@@ -19,6 +19,13 @@ measures, in one run and without the floor, our configurations of the reference'
 128 steps, 1,024 transitions per iteration, its hyperparameters): 2 x 4 and 1 x 8 processes x envs,
 sync / async / double-buffered envs, fp32 / bf16, 1 or 2 torch threads per process; it reports steady
 steps/s, the rollout alone (envs + inference, from perf/rollout_time) and their ratios.
+
+    python benchmarks/throughput.py --ale --seconds 20
+
+measures, in one run, what --vector-env ale changes: the envs alone (8 Breakout envs, random actions:
+agent steps/s per core of the Python stack in sync and async vector envs and of ale-py's C++ vector env on
+1 and 2 threads); the script's rollout alone and the whole job of 1 process x 8, 16 and 32 envs with sync,
+ale and ale-double; and the reference's job as 2 x 4 and 1 x 8 with each.
 """
 
 import argparse
@@ -46,10 +53,12 @@ class Config:
     vector_env: str = "sync"
     precision: str = "fp32"
     threads: int = 0  # torch threads per process; 0: what torchrun gives (1 per process when it starts several)
+    env_threads: int = 0  # --env-threads of the ale vector envs; 0: the script's default (its share of the cores)
 
     @property
     def name(self) -> str:
-        return f"{self.procs}x{self.envs} {self.vector_env} {self.precision}" + (f" {self.threads}t" if self.threads else "")
+        return (f"{self.procs}x{self.envs} {self.vector_env} {self.precision}" + (f" {self.threads}t" if self.threads
+                else "") + (f" {self.env_threads}et" if self.env_threads else ""))
 
 
 def reference_job_configs() -> list:
@@ -196,6 +205,8 @@ def measure_script(config: Config, seconds: float, expected_sps: float, extra_ar
            *extra_args]
     if config.threads:
         cmd += ["--torch-threads", str(config.threads)]
+    if config.env_threads:
+        cmd += ["--env-threads", str(config.env_threads)]
     with tempfile.TemporaryDirectory() as workdir:
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun picks, as for users
         result = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=seconds * 6 + 300)
@@ -251,6 +262,74 @@ def write_job_report(machine_name: str, machine: dict, rows: list, seconds: floa
 
 
 # --------------------------------------------------------------------------------------------------
+# --vector-env ale
+# --------------------------------------------------------------------------------------------------
+def measure_envs(kind: str, num_envs: int, threads: int, seconds: float) -> float:
+    """Agent steps/s of `num_envs` Breakout envs alone with random actions: the Python stack in a `sync` or
+    `async` vector env, or ale-py's C++ vector env (`ale`) on `threads` threads."""
+    import numpy as np
+
+    import ppo_atari_multigpu as ppo
+
+    envs = (ppo.AtariVectorGames("BreakoutNoFrameskip-v4", num_envs, threads) if kind == "ale"
+            else ppo.make_vector_env("BreakoutNoFrameskip-v4", num_envs, kind=kind))
+    envs.reset(seed=list(range(num_envs)))
+    actions = np.random.default_rng(0).integers(4, size=(1000, num_envs))
+    for step in range(50):  # warm-up
+        envs.step(actions[step])
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        envs.step(actions[steps % len(actions)])
+        steps += 1
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return steps * num_envs / elapsed
+
+
+def ale_job_configs() -> list:
+    configs = [Config(1, envs, vector_env, threads=1) for envs in (8, 16, 32)
+               for vector_env in ("sync", "ale", "ale-double")]
+    return configs + [Config(2, 4, vector_env) for vector_env in ("sync", "ale", "ale-double")]
+
+
+def run_ale_report(machine_name: str, machine: dict, seconds: float, command: str, cores: int) -> Path:
+    env_rows = []
+    for kind, threads in (("sync", 1), ("async", 0), ("ale", 1), ("ale", 2)):
+        sps = measure_envs(kind, 8, threads, seconds / 2)
+        used = min(8, cores) if kind == "async" else min(threads, cores) if kind == "ale" else 1
+        env_rows.append((f"{kind}" + (f", {threads} thread{'s' * (threads > 1)}" if kind == "ale" else ""), sps, used))
+        print(f"envs alone, {env_rows[-1][0]}: {sps:.0f} steps/s on {used} cores", flush=True)
+    jobs = []
+    for config in ale_job_configs():
+        jobs.append((config, measure_script(config, seconds, expected_sps=300)))
+        print(f"{config.name}: {jobs[-1][1]['sps']:.0f} steps/s, rollout {jobs[-1][1]['rollout_sps']:.0f}", flush=True)
+    by_name = {config.name: script for config, script in jobs}
+    sync_core, ale_core = env_rows[0][1], env_rows[2][1]
+    double_8, sync_8 = by_name["1x8 ale-double fp32 1t"]["rollout_sps"], by_name["1x8 sync fp32 1t"]["rollout_sps"]
+    lines = [f"# --vector-env ale on {machine_name}", "",
+             f"Command: `{command}`, {time.strftime('%Y-%m-%d')}.", "",
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+             "## The envs alone: 8 Breakout envs, random actions", "",
+             "| vector env | agent steps/s | cores used | steps/s per core |", "|---|---|---|---|",
+             *[f"| {name} | {sps:.0f} | {used} | {sps / used:.0f} |" for name, sps, used in env_rows], "",
+             f"Env time per step on one core, sync Python stack / ale on 1 thread: {ale_core / sync_core:.2f}x "
+             f"(target: >= 1.25x).", "",
+             "## The script: rollout alone and whole job", "",
+             "Real runs of `ppo_atari_multigpu.py` under torchrun (fp32, 128 steps, the reference's hyperparameters); "
+             "rollout = envs + inference, transitions per iteration / `perf/rollout_time`; `1t`: 1 torch thread per "
+             "process; the ale envs use the script's default `--env-threads` (the process's share of the cores).", "",
+             "| configuration | steps/s | rollout steps/s | rollout s/iter | update s/iter | env s/iter |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {c.name} | {r['sps']:.0f} | {r['rollout_sps']:.0f} | {r['rollout_time']:.2f} | "
+              f"{r['update_time']:.2f} | {r['env_time']:.2f} |" for c, r in jobs]
+    lines += ["", f"1 process x 8 envs, rollout alone: ale-double (envs on {min(2, cores)} threads, 1 torch thread) / "
+              f"sync (1 thread): {double_8 / sync_8:.2f}x (target >= 1.5x)."]
+    path = RESULTS / f"throughput-ale-{machine_name}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------------
 def machine_description() -> dict:
@@ -265,7 +344,10 @@ def machine_description() -> dict:
     except (OSError, AttributeError):
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+    # --precision bf16 on the CPU is fast only with native bf16 (AVX-512 bf16 or AMX); without it, emulated.
+    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu bf16": "native" if native_bf16 else "none (emulated, slow)",
+            "gpu": gpu, "python": platform.python_version(),
             "torch": torch.__version__, "gymnasium": gymnasium.__version__, "ale_py": ale_py.__version__,
             "numpy": numpy.__version__}
 
@@ -345,6 +427,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="configuration names to run, e.g. '2x4 sync fp32'")
     parser.add_argument("--reference-job", action="store_true",
                         help="the reference's job in every configuration, script only (no floor)")
+    parser.add_argument("--ale", action="store_true", help="--vector-env ale against the Python envs")
     opts = parser.parse_args()
 
     cores = os.cpu_count()
@@ -352,6 +435,9 @@ def main() -> None:
     machine = machine_description()
     machine_name = opts.machine or re.sub(r"[^a-z0-9]+", "-", (machine["gpu"] if cuda else f"cpu{cores}").lower())
     command = ("python benchmarks/throughput.py " + " ".join(sys.argv[1:])).strip()
+    if opts.ale:
+        print(f"wrote {run_ale_report(machine_name, machine, opts.seconds, command, cores)}")
+        return
     if opts.reference_job:
         rows = []
         for config in reference_job_configs():

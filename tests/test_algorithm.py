@@ -149,7 +149,13 @@ def test_learner_rewards_are_the_sign_of_the_raw_rewards():
 SHORT_BREAKOUT = "TestBreakoutShort-v0"  # the real ALE game, truncated after 400 frames (100 agent steps)
 
 
-def test_truncation_is_bootstrapped_and_termination_is_not():
+@pytest.mark.parametrize("vector_env", ["sync", "ale"])
+def test_truncation_is_bootstrapped_and_termination_is_not(vector_env):
+    def make_envs():
+        if vector_env == "ale":
+            return ppo.AtariVectorGames(SHORT_BREAKOUT, num_envs, num_threads=1)
+        return ppo.make_vector_env(SHORT_BREAKOUT, num_envs)
+
     if SHORT_BREAKOUT not in gym.registry:
         gym.register(SHORT_BREAKOUT, entry_point="ale_py.env:AtariEnv",
                      kwargs={"game": "breakout", "max_num_frames_per_episode": 400})
@@ -160,7 +166,7 @@ def test_truncation_is_bootstrapped_and_termination_is_not():
         action = obs.reshape(len(obs), -1).to(torch.int64).sum(1) % 4
         return action, torch.zeros(len(obs)), value_of(obs)
 
-    envs = ppo.make_vector_env(SHORT_BREAKOUT, num_envs)
+    envs = make_envs()
     rollout = ppo.Rollout.allocate(num_steps, num_envs, (4, 84, 84), torch.device("cpu"))
     rollout.set_next_obs(slice(0, num_envs), envs.reset(seed=seeds)[0])
     group = ppo.EnvGroup(envs, slice(0, num_envs))
@@ -168,7 +174,7 @@ def test_truncation_is_bootstrapped_and_termination_is_not():
     envs.close()
 
     # The same envs stepped with the same actions, by hand: what each step returned.
-    twin = ppo.make_vector_env(SHORT_BREAKOUT, num_envs)
+    twin = make_envs()
     twin.reset(seed=seeds)
     truncations = terminations = 0
     for step in range(num_steps):
@@ -185,3 +191,16 @@ def test_truncation_is_bootstrapped_and_termination_is_not():
     assert truncations >= 2 and terminations >= 2
     # Both kinds of end start a new episode for GAE (the last step's ends are in next_done).
     assert rollout.dones.sum() + rollout.next_done.sum() == truncations + terminations
+
+
+def test_orthogonal_init_with_the_nature_gains():
+    # Orthogonal rows scaled by the gain: W W^T = gain^2 I (every layer here has fewer rows than columns).
+    # Gains: sqrt(2) for the ReLU trunk, 0.01 for the actor head (a near-uniform first policy), 1 for the critic.
+    agent = ppo.Agent(num_actions=4)
+    layers = {"network.0": 2.0, "network.2": 2.0, "network.4": 2.0, "network.7": 2.0, "actor": 0.01 ** 2, "critic": 1.0}
+    params = dict(agent.named_parameters())
+    for name, gain_squared in layers.items():
+        weight = params[f"{name}.weight"].detach().flatten(1)
+        torch.testing.assert_close(weight @ weight.T, gain_squared * torch.eye(len(weight)), rtol=0,
+                                   atol=1e-5 * gain_squared)
+        assert torch.count_nonzero(params[f"{name}.bias"]) == 0

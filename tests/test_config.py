@@ -1,11 +1,13 @@
 """Batch-size derivation and refusal of bad input: one clear line, non-zero exit on every rank, no hang."""
 
+import dataclasses
 import re
+from typing import Optional
 
 import pytest
 
 import ppo_atari_multigpu as ppo
-from conftest import TINY, run_python, run_torchrun
+from conftest import ROOT, TINY, run_python, run_torchrun
 
 ERROR_LINE = re.compile(r"^ppo_atari_multigpu\.py: error: .+$", re.MULTILINE)
 
@@ -49,12 +51,26 @@ def test_devices_follow_device_ids():
     assert ppo.select_device(ppo.Args(device_ids=(3,)), local_rank=0, cuda_device_count=0) == ppo.torch.device("cpu")
 
 
-def test_bf16_is_refused_on_gpus_without_it():
+def test_bf16_is_refused_on_gpus_without_it_and_noted_on_cpus_without_it():
     with pytest.raises(ppo.ConfigError, match="compute capability 8.0 or newer; this one has 7.0"):
-        ppo.check_bf16("bf16", (7, 0))  # V100
-    ppo.check_bf16("bf16", (8, 0))  # A100
-    ppo.check_bf16("bf16", None)  # the CPU
-    ppo.check_bf16("fp32", (7, 5))
+        ppo.check_bf16("bf16", (7, 0), cpu_bf16=False)  # V100
+    assert ppo.check_bf16("bf16", (8, 0), cpu_bf16=False) is None  # A100: the CPU does not matter
+    assert ppo.check_bf16("fp32", (7, 5), cpu_bf16=False) is None
+    assert ppo.check_bf16("bf16", None, cpu_bf16=True) is None  # a CPU with AVX-512 bf16 or AMX
+    assert "no native bf16" in ppo.check_bf16("bf16", None, cpu_bf16=False)  # emulated: runs, with a note
+    assert ppo.check_bf16("fp32", None, cpu_bf16=False) is None
+
+
+FLOAT_ARGUMENTS = [f.name for f in dataclasses.fields(ppo.Args) if f.type in (float, Optional[float])]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_every_float_argument_must_be_finite(value):
+    assert {"learning_rate", "gamma", "vf_coef", "ent_coef", "target_kl", "cost_per_hour"} <= set(FLOAT_ARGUMENTS)
+    for name in FLOAT_ARGUMENTS:
+        args = dataclasses.replace(ppo.Args(), **{name: value})
+        with pytest.raises(ppo.ConfigError, match=f"--{name.replace('_', '-')} must be a finite number"):
+            ppo.check_args(args, world_size=1, local_world_size=1, cuda_device_count=0)
 
 
 def test_env_seeds_never_overlap_across_ranks():
@@ -97,6 +113,12 @@ def test_gloo_may_share_a_gpu():
         (["--device-ids", "0"], "--device-ids was given but CUDA is unavailable"),
         (["--vector-env", "double", "--local-num-envs", "1", "--num-minibatches", "1"], "must be at least 2"),
         (["--torch-threads", "0"], "--torch-threads must be positive"),
+        (["--vf-coef", "nan"], "--vf-coef must be a finite number, got nan"),
+        (["--target-kl", "-1"], "--target-kl must be positive, got -1.0"),
+        (["--vector-env", "ale", "--env-threads", "0"], "--env-threads must be positive, got 0"),
+        (["--vector-env", "ale", "--env-threads", "-2"], "--env-threads must be positive, got -2"),
+        (["--env-threads", "2"], "--env-threads sets the threads of --vector-env ale or ale-double"),
+        (["--vector-env", "ale", "--capture-video"], "ale-py's vector env renders no frames"),
     ],
 )
 def test_bad_input_single_process(tmp_path, cli, message):
@@ -129,3 +151,43 @@ def test_bad_input_fails_every_rank_under_torchrun(tmp_path, cli, message):
     assert set(exit_codes) == {0, 1} and 2 in exit_codes.values(), output
     assert set(exit_codes.values()) <= {2, -15}, output
     assert 'ppo_atari_multigpu.py", line' not in output  # no traceback from the script itself
+
+
+def slow_launcher(tmp_path, before_main: str):
+    """A launcher around the unchanged script that runs `before_main` first (Python source)."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(f"""import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+{before_main}
+import ppo_atari_multigpu as ppo
+ppo.main()
+""")
+    return launcher
+
+
+def test_refusal_is_printed_when_local_rank_0_starts_late(tmp_path):
+    # Local rank 1 refuses and exits while local rank 0 is still starting; torchrun then stops rank 0 with
+    # SIGTERM before it can print. The reason must still reach the user, once.
+    launcher = slow_launcher(tmp_path, 'if os.environ["LOCAL_RANK"] == "0":\n    time.sleep(60)')
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "64"], cwd=tmp_path, timeout=90, script=launcher)
+    output = result.stdout + result.stderr
+    errors = ERROR_LINE.findall(output)
+    assert len(errors) == 1 and "smaller than one global batch" in errors[0], output
+    exit_codes = dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", output))
+    assert exit_codes == {"1": "2", "0": "-15"}, output  # rank 0 was stopped while it slept
+
+
+def test_refusal_is_printed_once_when_every_rank_reaches_it(tmp_path):
+    # Each rank waits after reporting, so that both report before torchrun stops either: one line per node.
+    launcher = slow_launcher(tmp_path, """import ppo_atari_multigpu as ppo
+report = ppo.report_error
+def report_and_wait(*args, **kwargs):
+    report(*args, **kwargs)
+    print(f"rank {os.environ['RANK']} reported", flush=True)
+    time.sleep(15)
+ppo.report_error = report_and_wait""")
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "64"], cwd=tmp_path, timeout=90, script=launcher)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "rank 0 reported" in output and "rank 1 reported" in output, output
+    assert len(ERROR_LINE.findall(output)) == 1, output

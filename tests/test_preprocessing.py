@@ -144,3 +144,17 @@ def test_async_vector_env_matches_sync():
     assert any(np.any(item) for item in runs[0][3::5])  # episode ends happened along the way
     for sync_item, async_item in zip(*runs):
         np.testing.assert_array_equal(np.asarray(sync_item), np.asarray(async_item))
+
+
+def test_noop_reset_plays_1_to_30_noops():
+    # A new game starts with 1..30 no-op frames (drawn from the env's seed), then FIRE and action 2, one agent
+    # step of 4 frames each: the first observation is 9..38 frames into the game, and the count varies.
+    frames = []
+    for seed in range(40):
+        env = ppo.make_env("BreakoutNoFrameskip-v4")()
+        env.reset(seed=seed)
+        frames.append(env.unwrapped.ale.getEpisodeFrameNumber())
+        env.close()
+    assert all(1 + 8 <= f <= 30 + 8 for f in frames), frames
+    assert min(frames) <= 1 + 8 + 3 and max(frames) >= 30 + 8 - 3, frames  # the whole range is used
+    assert len(set(frames)) >= 15

@@ -1,6 +1,7 @@
 """The rollout: double-buffered env groups store exactly what one synchronous vector env stores."""
 
 import numpy as np
+import pytest
 import torch
 
 import ppo_atari_multigpu as ppo
@@ -33,10 +34,11 @@ def run_rollout(vector_env: str, num_envs: int, num_steps: int, seeds: list):
     return snapshot, episodes, len(groups)
 
 
-def test_double_buffered_rollout_stores_the_transitions_of_the_sync_one():
+@pytest.mark.parametrize("single, double", [("sync", "double"), ("ale", "ale-double")])
+def test_double_buffered_rollout_stores_the_transitions_of_the_single_one(single, double):
     seeds = list(range(10, 16))
-    sync, sync_episodes, sync_groups = run_rollout("sync", 6, 250, seeds)
-    double, double_episodes, double_groups = run_rollout("double", 6, 250, seeds)
+    sync, sync_episodes, sync_groups = run_rollout(single, 6, 250, seeds)
+    double, double_episodes, double_groups = run_rollout(double, 6, 250, seeds)
     assert (sync_groups, double_groups) == (1, 2)
     for name in ("obs", "actions", "logprobs", "values", "next_obs"):
         assert torch.equal(sync[name], double[name]), name
@@ -61,3 +63,11 @@ def test_sampler_draws_each_action_with_the_policy_probability():
     assert chi_square < 16.3, chi_square
     # Each row is drawn on its own: different rows of the same logits get different actions.
     assert len(set(actions[:100].tolist())) == 4
+
+
+def test_ale_rollout_has_the_layout_of_the_python_one():
+    python, _, _ = run_rollout("sync", 4, 64, [1, 2, 3, 4])
+    ale, ale_episodes, _ = run_rollout("ale", 4, 64, [1, 2, 3, 4])
+    for name, value in python.items():
+        assert (value.shape, value.dtype) == (ale[name].shape, ale[name].dtype), name
+    assert ale["obs"].max() > 0 and ale["dones"].sum() > 0  # real frames; lives were lost

@@ -84,7 +84,7 @@ def oracle_update(args, initial: dict, rank_batches: list, minibatch_size: int, 
                     m_hat, v_hat = m[name] / (1 - beta1 ** step), v[name] / (1 - beta2 ** step)
                     p -= lr * m_hat / (v_hat.sqrt() + eps)
     means = {key: sum(s[key] for s in stats) / len(stats) for key in stats[0]}
-    return {name: p.detach() for name, p in params.items()}, means
+    return {name: p.detach() for name, p in params.items()}, means, m
 
 
 def make_batch(initial: dict, size: int, seed: int) -> dict:
@@ -109,7 +109,8 @@ def script_update(args, initial: dict, batch: dict, world_size: int, rank: int, 
                                             minibatch_size=minibatch_size, autocast=torch.autocast("cpu", enabled=False),
                                             allreduce_timer=ppo.SectionTimer(torch.device("cpu")))
     assert bool(finite) and epochs == args.update_epochs
-    return {name: p.detach().clone() for name, p in agent.named_parameters()}, losses
+    first_moments = {name: optimizer.state[p]["exp_avg"].clone() for name, p in agent.named_parameters()}
+    return {name: p.detach().clone() for name, p in agent.named_parameters()}, losses, first_moments
 
 
 def initial_weights() -> dict:
@@ -128,11 +129,13 @@ ARGS = dict(local_num_envs=8, num_steps=8, num_minibatches=4, update_epochs=4)  
 TOLERANCE = 2e-7  # measured differences: up to 1e-8 (the script computes its loss terms in float32)
 
 
-def assert_same_update(final, expected, initial):
+def assert_same_update(final, expected, initial, moments, expected_moments):
     moved = max(float((expected[name] - initial[name]).abs().max()) for name in expected)
     assert moved > 1000 * TOLERANCE  # the update really changed the weights
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=0, atol=TOLERANCE, msg=name)
+        # Adam's first moment keeps the scale of the gradients that Adam's steps are blind to
+        torch.testing.assert_close(moments[name], expected_moments[name], rtol=1e-4, atol=1e-9, msg=name)
 
 
 @pytest.mark.parametrize("options", [{}, {"norm_adv": False, "clip_vloss": False, "max_grad_norm": 0.05}])
@@ -141,9 +144,9 @@ def test_update_matches_the_textbook_update(options):
     args = ppo.Args(**ARGS, **options)
     initial = initial_weights()
     batch = make_batch(initial, 64, seed=1)
-    final, losses = script_update(args, initial, batch, world_size=1, rank=0, lr=2.5e-4)
-    expected, oracle_stats = oracle_update(args, initial, [batch], minibatch_size=16, lr=2.5e-4)
-    assert_same_update(final, expected, initial)
+    final, losses, moments = script_update(args, initial, batch, world_size=1, rank=0, lr=2.5e-4)
+    expected, oracle_stats, expected_moments = oracle_update(args, initial, [batch], minibatch_size=16, lr=2.5e-4)
+    assert_same_update(final, expected, initial, moments, expected_moments)
     for name, value in oracle_stats.items():  # the logged statistics: means over the 16 minibatches
         assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert 0 < losses["clipfrac"] < 1
@@ -153,9 +156,14 @@ def worker(rank: int, port: int, initial: dict, batches: list, results):
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    args = ppo.Args(**{**ARGS, "local_num_envs": 4})  # half the envs per rank: the same 64 samples in all
-    results[rank] = script_update(args, initial, batches[rank], world_size=2, rank=rank, lr=2.5e-4)[0]
+    args = ppo.Args(**{**TWO_RANKS, "local_num_envs": 4})  # half the envs per rank: the same 64 samples in all
+    final, _, moments = script_update(args, initial, batches[rank], world_size=2, rank=rank, lr=2.5e-4)
+    results[rank] = final, moments
     dist.destroy_process_group()
+
+
+# Gradient norms stay below 100: unclipped, so that a sum over ranks instead of the mean shows in Adam's moments.
+TWO_RANKS = {**ARGS, "max_grad_norm": 100.0}
 
 
 def test_two_gloo_ranks_match_the_textbook_update_on_the_mean_gradient():
@@ -165,7 +173,8 @@ def test_two_gloo_ranks_match_the_textbook_update_on_the_mean_gradient():
     halves = [{key: value[32 * r: 32 * (r + 1)] for key, value in whole.items()} for r in range(2)]
     results = mp.Manager().dict()
     mp.spawn(worker, args=(free_port(), initial, halves, results), nprocs=2, join=True)
-    expected, _ = oracle_update(ppo.Args(**ARGS), initial, halves, minibatch_size=8, lr=2.5e-4)
+    expected, _, expected_moments = oracle_update(ppo.Args(**TWO_RANKS), initial, halves, minibatch_size=8, lr=2.5e-4)
     for rank in range(2):
-        assert_same_update(results[rank], expected, initial)
-    assert all(torch.equal(results[0][name], results[1][name]) for name in expected)  # bitwise equal ranks
+        final, moments = results[rank]
+        assert_same_update(final, expected, initial, moments, expected_moments)
+    assert all(torch.equal(results[0][0][name], results[1][0][name]) for name in expected)  # bitwise equal ranks
