@@ -11,7 +11,6 @@ never changed.
 """
 
 import argparse
-import platform
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from throughput import machine_description  # noqa: E402
 TESTS = ["tests/test_algorithm.py", "tests/test_advantages.py", "tests/test_update_oracle.py", "tests/test_allreduce.py",
          "tests/test_rollout.py", "tests/test_preprocessing.py"]
 
@@ -123,9 +124,10 @@ def main() -> int:
             rows.append(f"| `{name}` | {what} | {'killed' if killed else '**survived**'} | `{by}` | {seconds:.0f} |")
             survivors += [] if killed else [name]
     table = "\n".join(["| mutant | what it breaks | result | first failing test | seconds |", "|---|---|---|---|---|", *rows])
+    machine = ", ".join(f"{k} {v}" for k, v in machine_description().items())
     Path(opts.out).write_text(f"# Mutants of ppo_atari_multigpu.py against the algorithm's tests\n\n"
-                              f"`python benchmarks/mutants.py` on {platform.processor() or platform.machine()}, "
-                              f"{time.strftime('%Y-%m-%d')}; tests: {' '.join(TESTS)} (`pytest -x`).\n\n"
+                              f"`python benchmarks/mutants.py`, {time.strftime('%Y-%m-%d')}; tests: {' '.join(TESTS)} "
+                              f"(`pytest -x`).\n\nMachine: {machine}\n\n"
                               f"{len(chosen) - len(survivors)} of {len(chosen)} killed.\n\n{table}\n")
     print(f"{len(chosen) - len(survivors)} of {len(chosen)} killed; {opts.out}")
     return 1 if survivors else 0
