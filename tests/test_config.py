@@ -178,13 +178,18 @@ def test_refusal_is_printed_when_local_rank_0_starts_late(tmp_path):
 
 
 def test_refusal_is_printed_once_when_every_rank_reaches_it(tmp_path):
-    # Each rank waits after reporting, so that both report before torchrun stops either: one line per node.
-    launcher = slow_launcher(tmp_path, """import ppo_atari_multigpu as ppo
+    # Each rank, after reporting, waits until the other has reported too, so that torchrun stops neither
+    # before both have reached the refusal: still one line for the node.
+    launcher = slow_launcher(tmp_path, f"""import ppo_atari_multigpu as ppo
+from pathlib import Path
 report = ppo.report_error
 def report_and_wait(*args, **kwargs):
     report(*args, **kwargs)
-    print(f"rank {os.environ['RANK']} reported", flush=True)
-    time.sleep(15)
+    print(f"rank {{os.environ['RANK']}} reported", flush=True)
+    Path({str(tmp_path)!r}, "reported_" + os.environ["RANK"]).touch()
+    deadline = time.time() + 60
+    while len(list(Path({str(tmp_path)!r}).glob("reported_*"))) < 2 and time.time() < deadline:
+        time.sleep(0.1)
 ppo.report_error = report_and_wait""")
     result = run_torchrun(2, [*TINY, "--total-timesteps", "64"], cwd=tmp_path, timeout=90, script=launcher)
     output = result.stdout + result.stderr
