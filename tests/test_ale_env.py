@@ -81,3 +81,30 @@ def test_same_seeds_same_games_whatever_the_threads():
         runs.append(trajectory)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_frames_are_the_python_stacks():
+    # Same emulator, same max over the last two of 4 frames, same grey and INTER_AREA resize: with no-ops and
+    # FIRE taken out of both, every 84x84 frame of a game equals the one the Python stack's wrappers make.
+    import ale_py
+    import gymnasium as gym
+
+    fast = ale_py.AtariVectorEnv("breakout", 1, num_threads=1, frameskip=4, noop_max=0, use_fire_reset=False,
+                                 repeat_action_probability=0.0, stack_num=1)
+    env = gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale", frameskip=1, repeat_action_probability=0.0)
+    env = gym.wrappers.ResizeObservation(gym.wrappers.MaxAndSkipObservation(env, skip=4), (84, 84))
+    fast_obs, _ = fast.reset(seed=np.array([3]))
+    obs, _ = env.reset(seed=3)
+    np.testing.assert_array_equal(fast_obs[0, -1], obs)
+    steps = 0
+    for action in np.random.default_rng(0).integers(4, size=2000):
+        fast_obs, fast_reward, fast_terminated, _, _ = fast.step(np.array([action]))
+        obs, reward, terminated, _, _ = env.step(int(action))
+        steps += 1
+        np.testing.assert_array_equal(fast_obs[0, -1], obs)
+        assert (fast_reward[0], fast_terminated[0]) == (reward, terminated)
+        if terminated:
+            break
+    assert terminated and steps > 100 and len(np.unique(obs)) > 2
+    env.close()
+    fast.close()
