@@ -8,11 +8,15 @@ configuration). For each group: mean +- std over seeds of the mean return of eac
 a 95% confidence interval for that mean (Student's t over seeds), the steps reached, wall time and
 steps/s; the mean return of each seed's games in every window of --window steps (200k by default); and per
 environment a PNG with the return against global steps and against wall time (mean over seeds, with a
-band from the lowest to the highest seed).
+band from the lowest to the highest seed). With --baseline CONFIG, each other configuration of the same
+environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
+how many of its seeds fall inside the baseline's 95% confidence interval of the mean and inside its 95%
+prediction interval (where one more baseline seed would fall).
 """
 
 import argparse
 from collections import defaultdict
+from itertools import combinations
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,24 @@ def confidence_interval(values) -> tuple:
     t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else 1.96
     half = t * np.std(values, ddof=1) / np.sqrt(len(values))
     return float(np.mean(values) - half), float(np.mean(values) + half)
+
+
+def prediction_interval(values) -> tuple:
+    """Where one more independent seed would fall with 95% probability: mean +- t * std * sqrt(1 + 1/n)."""
+    values = np.asarray(values, dtype=float)
+    low, high = confidence_interval(values)
+    half = (high - low) / 2 * np.sqrt(len(values) + 1)  # the CI's half-width is t * std / sqrt(n)
+    return float(np.mean(values) - half), float(np.mean(values) + half)
+
+
+def permutation_p_value(a, b) -> float:
+    """Two-sided p-value of mean(a) - mean(b): the share of all splits of the pooled seeds into groups of
+    len(a) and len(b) whose means differ at least as much (exact; no assumption about the distribution)."""
+    pooled = np.concatenate([a, b]).astype(float)
+    observed = abs(np.mean(a) - np.mean(b))
+    gaps = [abs(pooled[list(chosen)].mean() - np.delete(pooled, chosen).mean())
+            for chosen in combinations(range(len(pooled)), len(a))]
+    return float(np.mean(np.array(gaps) >= observed - 1e-9))
 
 
 @dataclass
@@ -95,6 +117,25 @@ def table(runs: list) -> str:
             + ", ".join(f"{run.wall_seconds / 60:.0f} min" for run in group) + " | "
             + (f"{np.mean(sps):.0f}" if sps else "-") + " |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def baseline_table(runs: list, baseline: str) -> str:
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.env_id, run.config)].append(np.float64(run.final_return))
+    lines = [f"Against {baseline} (last-{LAST_GAMES}-game means):", "",
+             f"| env | configuration | seeds | mean - {baseline}'s | permutation p | seeds inside its 95% CI "
+             "| seeds inside its 95% prediction interval |", "|---|---|---|---|---|---|---|"]
+    for (env_id, config), finals in sorted(groups.items()):
+        base = groups.get((env_id, baseline))
+        if config == baseline or base is None or len(base) < 2:
+            continue
+        ci, pi = confidence_interval(base), prediction_interval(base)
+        lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals) - np.mean(base):+.2f} | "
+                     f"{permutation_p_value(finals, base):.3f} | "
+                     f"{sum(ci[0] <= f <= ci[1] for f in finals)} of {len(finals)} ({ci[0]:.2f} .. {ci[1]:.2f}) | "
+                     f"{sum(pi[0] <= f <= pi[1] for f in finals)} of {len(finals)} ({pi[0]:.2f} .. {pi[1]:.2f}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -175,14 +216,19 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for learning.md and the PNG curves")
     parser.add_argument("--title", default="Learning results")
     parser.add_argument("--window", type=int, default=200_000, help="steps per window of the per-seed table")
+    parser.add_argument("--baseline", help="configuration (exp_name) to set the others against")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
     if not runs:
         raise SystemExit(f"report.py: error: no TensorBoard runs under {', '.join(opts.roots)}")
+    if opts.baseline and sum(run.config == opts.baseline for run in runs) < 2:
+        raise SystemExit(f"report.py: error: --baseline {opts.baseline} needs at least 2 seeds of that configuration")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(runs, out)
-    text = (f"# {opts.title}\n\n" + table(runs) + "\n" + window_table(runs, opts.window) + "\n"
+    text = (f"# {opts.title}\n\n" + table(runs) + "\n"
+            + (baseline_table(runs, opts.baseline) + "\n" if opts.baseline else "")
+            + window_table(runs, opts.window) + "\n"
             + "".join(f"![{p.stem}]({p.name})\n" for p in images))
     (out / "learning.md").write_text(text)
     print(text)

@@ -1,5 +1,6 @@
 """benchmarks/report.py on TensorBoard files written by real runs of the script."""
 
+import shutil
 import subprocess
 import sys
 
@@ -7,6 +8,9 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT, run_python
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import report  # noqa: E402
 
 
 def test_report_tables_and_plots_real_runs(tmp_path):
@@ -43,8 +47,31 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "![learning-BreakoutNoFrameskip-v4](learning-BreakoutNoFrameskip-v4.png)" in table
 
+    # The same two runs again under another configuration, set against the first: no difference at all.
+    for run in sorted((tmp_path / "runs").iterdir()):
+        shutil.copytree(run, tmp_path / "runs" / run.name.replace("__tiny__", "__tiny-copy__"))
+    command = [sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path / "runs"), "--out", str(out)]
+    result = subprocess.run(command + ["--baseline", "tiny"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in (out / "learning.md").read_text().splitlines()
+               if line.startswith("| BreakoutNoFrameskip-v4 | tiny-copy | 2 | +0.00 | 1.000 |"))
+    assert "| 2 of 2 (" in row and row.count("2 of 2") == 2, row
+    result = subprocess.run(command + ["--baseline", "nope"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "--baseline nope needs at least 2 seeds" in result.stderr
+
 
 def test_report_refuses_an_empty_folder(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path),
                              "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "no TensorBoard runs" in result.stderr
+
+
+def test_baseline_statistics_worked_by_hand():
+    # Pooled 1, 2, 3, 4 split into pairs: {1,2}|{3,4} and {3,4}|{1,2} differ by 2, {1,3}|{2,4} and {2,4}|{1,3}
+    # by 1, {1,4}|{2,3} and {2,3}|{1,4} by 0: 2 of the 6 splits differ at least as much as the observed 2.
+    assert np.isclose(report.permutation_p_value([1, 2], [3, 4]), 2 / 6)
+    # 20 splits of six seeds into threes: only the observed one and its mirror differ by 9.
+    assert np.isclose(report.permutation_p_value([1, 2, 3], [10, 11, 12]), 2 / 20)
+    # 1, 2, 3, 4: mean 2.5, sample std sqrt(5/3); t(0.975, 3) = 3.182; 3.182 * sqrt(5/3) * sqrt(1 + 1/4) = 4.5928
+    low, high = report.prediction_interval([1, 2, 3, 4])
+    assert np.isclose(low, 2.5 - 4.5928, atol=1e-4) and np.isclose(high, 2.5 + 4.5928, atol=1e-4)
