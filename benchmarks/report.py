@@ -123,7 +123,7 @@ def table(runs: list) -> str:
 def baseline_table(runs: list, baseline: str) -> str:
     groups = defaultdict(list)
     for run in runs:
-        groups[(run.env_id, run.config)].append(np.float64(run.final_return))
+        groups[(run.env_id, run.config)].append(run.final_return)
     lines = [f"Against {baseline} (last-{LAST_GAMES}-game means):", "",
              f"| env | configuration | seeds | mean - {baseline}'s | permutation p | seeds inside its 95% CI "
              "| seeds inside its 95% prediction interval |", "|---|---|---|---|---|---|---|"]
