@@ -3,7 +3,8 @@
 The Python stack presses FIRE (then action 2) itself after every lost life; ale-py presses it only when a
 game starts, so under `--vector-env ale` the agent must launch the ball itself after a lost life, and every
 step it waits is a step without reward. This plays each model (sampling its actions, 8 envs, fixed env
-seeds) and reports the steps from a lost life to the first FIRE and the share of all steps spent waiting.
+seeds) and reports the steps from a lost life to the first FIRE, the share of all steps spent waiting, and
+the policy's mean probability of each action (NOOP, FIRE, RIGHT, LEFT) while the ball is in play.
 
     python benchmarks/life_starts.py checkpoints/*/final_model.pt [--steps 1500]
 """
@@ -28,12 +29,14 @@ def life_starts(model_path: str, steps: int) -> dict:
     obs, _ = envs.reset(seed=list(range(100, 100 + NUM_ENVS)))
     torch.manual_seed(0)
     waiting, waited = np.zeros(NUM_ENVS, bool), np.zeros(NUM_ENVS, int)
-    waits, fire_probs, waiting_steps, games = [], [], 0, []
+    waits, fire_probs, waiting_steps, games, in_play_probs = [], [], 0, [], []
     with torch.no_grad():
         for _ in range(steps):
             logits = agent.actor(agent.hidden(torch.as_tensor(obs)))
             action = ppo.sample_action(logits).numpy()
-            fire_probs += torch.softmax(logits, -1)[waiting & (waited == 0), FIRE].tolist()
+            probs = torch.softmax(logits, -1).numpy()
+            fire_probs += probs[waiting & (waited == 0), FIRE].tolist()
+            in_play_probs.append(probs[~waiting])
             waiting_steps += waiting.sum()
             fired = waiting & (action == FIRE)
             waits += (waited[fired] + 1).tolist()
@@ -49,7 +52,9 @@ def life_starts(model_path: str, steps: int) -> dict:
     envs.close()
     return {"lost lives": len(waits), "steps to FIRE (mean)": np.mean(waits), "(max)": max(waits),
             "P(FIRE) at a life's first step": np.mean(fire_probs),
-            "steps spent waiting": waiting_steps / (steps * NUM_ENVS), "games": len(games),
+            "steps spent waiting": waiting_steps / (steps * NUM_ENVS),
+            "P(NOOP, FIRE, RIGHT, LEFT) in play": " ".join(f"{x:.2f}" for x in np.concatenate(in_play_probs).mean(0)),
+            "games": len(games),
             "mean return": np.mean(games) if games else float("nan")}
 
 
