@@ -34,6 +34,7 @@ import multiprocessing as mp
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,8 +85,6 @@ def default_configs(cores: int, cuda: bool) -> list:
 # --------------------------------------------------------------------------------------------------
 def _median_seconds(fn, repeats: int, calls: int) -> float:
     """Seconds per call: the median of `repeats` timings of `calls` calls, after one warm-up call."""
-    import statistics
-
     import torch
 
     fn()
@@ -313,7 +312,6 @@ def run_ale_report(machine_name: str, machine: dict, seconds: float, command: st
         pairs.append(tuple(measure_script(Config(1, 8, kind, threads=1), seconds, expected_sps=300)["rollout_sps"]
                            for kind in ("ale-double", "sync")))
         print(f"1x8 rollout, ale-double / sync: {pairs[-1][0]:.0f} / {pairs[-1][1]:.0f}", flush=True)
-    ratios = sorted(double / sync for double, sync in pairs)
     lines = [f"# --vector-env ale on {machine_name}", "",
              f"Command: `{command}`, {time.strftime('%Y-%m-%d')}.", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
@@ -332,7 +330,7 @@ def run_ale_report(machine_name: str, machine: dict, seconds: float, command: st
               f"{r['update_time']:.2f} | {r['env_time']:.2f} |" for c, r in jobs]
     lines += ["", f"1 process x 8 envs, rollout alone: ale-double (envs on {min(2, cores)} threads, 1 torch thread) / "
               f"sync (1 thread), median of {len(pairs)} pairs of runs (the table's and {len(pairs) - 1} more, "
-              f"alternating): {ratios[len(ratios) // 2]:.2f}x (target >= 1.5x); each pair: "
+              f"alternating): {statistics.median(double / sync for double, sync in pairs):.2f}x (target >= 1.5x); each pair: "
               + ", ".join(f"{double:.0f} / {sync:.0f} = {double / sync:.2f}x" for double, sync in pairs) + "."]
     path = RESULTS / f"throughput-ale-{machine_name}.md"
     path.write_text("\n".join(lines) + "\n")
@@ -438,7 +436,7 @@ def main() -> None:
     parser.add_argument("--reference-job", action="store_true",
                         help="the reference's job in every configuration, script only (no floor)")
     parser.add_argument("--ale", action="store_true", help="--vector-env ale against the Python envs")
-    parser.add_argument("--repeats", type=int, default=3, help="with --ale: runs of the 1x8 rollout pair (odd)")
+    parser.add_argument("--repeats", type=int, default=3, help="with --ale: runs of the 1x8 rollout pair")
     opts = parser.parse_args()
 
     cores = os.cpu_count()
