@@ -12,8 +12,9 @@ Preemptible machines (torchrun restarts the group, which continues from the late
 Evaluate a saved policy:
     python ppo_atari_multigpu.py --eval-checkpoint checkpoints/<env_id>__<exp_name>__<seed>/final_model.pt
 
-The global batch is world_size * local_num_envs * num_steps: N processes do the same number of updates, each on
-N times as much data. The algorithm comes first in this file; below the "Machinery" divider are input validation,
+The global batch is world_size * local_num_envs * num_steps. With the same global envs (world_size *
+local_num_envs), every way of splitting them across processes computes the same experiment: env j draws the same
+action noise and lands in the same minibatches wherever it runs, so the number of processes only changes the speed. The algorithm comes first in this file; below the "Machinery" divider are input validation,
 checkpoints, preemption, evaluation and reports, which a researcher should not need to read.
 """
 
@@ -47,7 +48,7 @@ gym.register_envs(ale_py)
 @dataclass
 class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment (part of the run name)
-    seed: int = 1  # seed of the experiment: network init, action sampling and env seeds all derive from it
+    seed: int = 1  # seed of the experiment: network init, action noise, minibatches and env seeds derive from it
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`: reruns of a seed repeat
     cuda: bool = True  # if toggled, use CUDA when it is available
     device_ids: tuple[int, ...] = ()  # one CUDA device id per local process; empty means cuda:<LOCAL_RANK>
@@ -66,15 +67,15 @@ class Args:
     anneal_lr: bool = True  # toggle learning rate annealing (linear, to zero at the last iteration)
     gamma: float = 0.99  # the discount factor gamma
     gae_lambda: float = 0.95  # the lambda for the general advantage estimation
-    num_minibatches: int = 4  # mini-batches per epoch (of each process's local batch)
+    num_minibatches: int = 4  # minibatches per epoch; each takes num_steps / num_minibatches steps of every env
     update_epochs: int = 4  # the K epochs to update the policy
-    norm_adv: bool = True  # toggles advantages normalization (per minibatch)
+    norm_adv: bool = True  # toggles advantages normalization (per minibatch, over all processes' share of it)
     clip_coef: float = 0.1  # the surrogate clipping coefficient
     clip_vloss: bool = True  # toggles a clipped loss for the value function, as per the paper
     ent_coef: float = 0.01  # coefficient of the entropy
     vf_coef: float = 0.5  # coefficient of the value function
     max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
-    target_kl: Optional[float] = None  # stop an iteration's epochs when the KL, averaged over ranks, exceeds it
+    target_kl: Optional[float] = None  # stop an iteration's epochs when a minibatch's KL (over all ranks) exceeds it
 
     # Speed: how the same algorithm is computed
     vector_env: Literal["sync", "async", "double", "ale", "ale-double"] = "sync"
@@ -307,29 +308,44 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype: float32 (bf16 autocast leaves them so); the tests' exact comparisons use float64."""
+        return self.critic.weight.dtype
+
     def hidden(self, obs: torch.Tensor) -> torch.Tensor:
-        # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the cast to the
-        # parameters' dtype (float32; the tests' exact comparison with a textbook update runs in float64).
-        x = obs.contiguous(memory_format=torch.channels_last).to(self.critic.weight.dtype).div_(255.0)
+        # Rollouts store uint8 frames; channels-last is cheapest to make on the bytes, before the cast.
+        x = obs.contiguous(memory_format=torch.channels_last).to(self.dtype).div_(255.0)
         return self.network(x)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.hidden(obs)).float()
+        return self.critic(self.hidden(obs)).to(self.dtype)
 
-    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None,
+                             gumbel: Optional[torch.Tensor] = None):
         hidden = self.hidden(obs)
         # ALGO LOGIC: action selection
-        logits = self.actor(hidden).float()
+        logits = self.actor(hidden).to(self.dtype)
         probs = Categorical(logits=logits, validate_args=False)  # validation would wait for the GPU
         if action is None:
-            action = sample_action(logits)
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
+            action = sample_action(logits, gumbel)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).to(self.dtype)
 
 
-def sample_action(logits: torch.Tensor) -> torch.Tensor:
+def sample_action(logits: torch.Tensor, gumbel: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Categorical(logits) sampled by Gumbel-max, argmax(logits + Gumbel noise): unlike multinomial, no
-    check of the input that waits for the GPU."""
-    return torch.argmax(logits - torch.empty_like(logits).exponential_().log(), dim=-1)
+    check of the input that waits for the GPU. Training passes the noise (`draw_gumbel`); without it, it is
+    drawn here from torch's default generator."""
+    if gumbel is None:
+        gumbel = -torch.empty_like(logits).exponential_().log()
+    return torch.argmax(logits + gumbel, dim=-1)
+
+
+def draw_gumbel(generator: torch.Generator, num_steps: int, num_envs: int, num_actions: int) -> torch.Tensor:
+    """The whole job's action noise for one rollout, (num_steps, num_envs, num_actions), float32 on the CPU.
+    Every process draws all of it from the shared generator and keeps its own envs' columns: env j's noise
+    does not depend on which process steps it."""
+    return -torch.empty(num_steps, num_envs, num_actions, dtype=torch.float32).exponential_(generator=generator).log()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,10 +383,12 @@ class Rollout:
             self.next_obs[index].copy_(self.next_obs_host[index], non_blocking=True)
 
 
-def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: float, env_timer) -> list:
-    """Step every env `num_steps` times with actions from `policy(obs) -> (action, logprob, value)`; return
-    the finished games as (step index, return, length). With two groups, one group's envs step (in worker
-    processes) while the policy computes the other's actions, each action still from the current policy."""
+def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gumbel: torch.Tensor, gamma: float,
+                    env_timer) -> list:
+    """Step every env `num_steps` times with actions from `policy(obs, gumbel) -> (action, logprob, value)`,
+    `gumbel[step, env]` the action noise of this process's envs; return the finished games as (step index,
+    return, length). With two groups, one group's envs step (in worker processes) while the policy computes
+    the other's actions, each action still from the current policy."""
     episodes = []
 
     def receive(group: EnvGroup, step: int):
@@ -396,7 +414,7 @@ def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gamma: flo
             i = group.index
             rollout.obs[step, i] = rollout.next_obs[i]
             rollout.dones[step, i] = rollout.next_done[i]
-            action, logprob, value = policy(rollout.next_obs[i])
+            action, logprob, value = policy(rollout.next_obs[i], gumbel[step, i])
             rollout.values[step, i] = value.flatten()
             rollout.actions[step, i] = action
             rollout.logprobs[step, i] = logprob
@@ -455,15 +473,52 @@ def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
     return tensor
 
 
-def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, entropy, *, clip_coef: float,
-             clip_vloss: bool, norm_adv: bool, ent_coef: float, vf_coef: float):
+def all_reduce_sum_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    if world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def draw_minibatches(generator: torch.Generator, epochs: int, num_envs: int, num_steps: int,
+                     num_minibatches: int) -> torch.Tensor:
+    """Env-stratified minibatches of one update, the same on every process: each epoch permutes every env's
+    steps, and minibatch m takes the m-th slice of each env's permutation. Returns step indices of shape
+    (epochs, num_minibatches, num_envs, num_steps // num_minibatches)."""
+    # ALGO LOGIC: minibatches
+    order = torch.rand(epochs, num_envs, num_steps, generator=generator, dtype=torch.float64).argsort(dim=-1, stable=True)
+    return order.view(epochs, num_envs, num_minibatches, -1).transpose(1, 2)
+
+
+def local_minibatches(minibatches: torch.Tensor, first_env: int, local_num_envs: int) -> torch.Tensor:
+    """This process's equal share of every minibatch: its envs' steps, as indices into its batch flattened
+    from (num_steps, local_num_envs). Shape (epochs, num_minibatches, local_num_envs * steps per minibatch)."""
+    steps = minibatches[:, :, first_env:first_env + local_num_envs]
+    return (steps * local_num_envs + torch.arange(local_num_envs).unsqueeze(1)).flatten(2)
+
+
+def advantage_stats(advantages: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Mean and sample std of every global minibatch's advantages, from each process's share of them
+    (`advantages`: (..., share)); returns (..., 2). One all-reduce of float64 sums for the whole update."""
+    a = advantages.double()
+    sums = all_reduce_sum_(torch.stack([torch.full_like(a[..., 0], a.shape[-1]), a.sum(-1), a.square().sum(-1)]),
+                           world_size)
+    count, total, total_of_squares = sums
+    mean = total / count
+    variance = ((total_of_squares - total * mean) / (count - 1)).clamp(min=0)
+    return torch.stack([mean, variance.sqrt()], -1).to(advantages.dtype)
+
+
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, entropy, *, adv_stats,
+             clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float):
     """The PPO objective of one minibatch (tensors of shape (minibatch,)): the loss to minimise and the
-    statistics logged as losses/<name> (a new term is one more entry there)."""
+    statistics logged as losses/<name> (a new term is one more entry there). `adv_stats`: the (mean, sample
+    std) of the whole global minibatch's advantages to normalise them with; None (--no-norm-adv): as given."""
     # ALGO LOGIC: the PPO loss
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
-    if norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if adv_stats is not None:
+        mean, std = adv_stats
+        advantages = (advantages - mean) / (std + 1e-8)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
@@ -484,17 +539,21 @@ def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, en
 
 
 def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor,
-               batch: dict, world_size: int, *, minibatch_size: int, autocast, allreduce_timer):
-    """`update_epochs` passes over this rank's batch, each minibatch's gradient averaged over all ranks.
-    Returns the loss statistics (means over minibatches), whether all were finite, and the epochs run."""
+               batch: dict, minibatches: torch.Tensor, world_size: int, *, autocast, allreduce_timer):
+    """`update_epochs` passes over this rank's share of the global minibatches (`local_minibatches`). Every
+    rank holds an equal share, so the mean over ranks of their mean losses' gradients is the gradient of the
+    whole minibatch's mean loss. Returns the loss statistics (means over all ranks and minibatches), whether
+    all were finite, and the epochs run."""
+    adv_stats = advantage_stats(batch["advantages"][minibatches], world_size) if args.norm_adv else None
     totals, num_updates, finite = 0, 0, torch.ones((), dtype=torch.bool, device=flat_grad.device)
-    for epoch in range(1, args.update_epochs + 1):
-        for mb in torch.randperm(len(batch["obs"]), device=flat_grad.device).split(minibatch_size):
+    for epoch in range(args.update_epochs):
+        for m, mb in enumerate(minibatches[epoch]):
             with autocast:
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch["obs"][mb], batch["actions"][mb])
             loss, stats = ppo_loss(newlogprob, batch["logprobs"][mb], batch["advantages"][mb], newvalue.view(-1),
-                                   batch["values"][mb], batch["returns"][mb], entropy, clip_coef=args.clip_coef,
-                                   clip_vloss=args.clip_vloss, norm_adv=args.norm_adv, ent_coef=args.ent_coef,
+                                   batch["values"][mb], batch["returns"][mb], entropy,
+                                   adv_stats=None if adv_stats is None else adv_stats[epoch, m],
+                                   clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=args.ent_coef,
                                    vf_coef=args.vf_coef)
 
             # TRY NOT TO MODIFY: the data-parallel step
@@ -508,11 +567,11 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
             totals = totals + torch.stack([value.detach() for value in stats.values()])
             num_updates += 1
 
-        # ALGO LOGIC: early stop, decided on the mean KL over ranks so that every rank leaves together
+        # ALGO LOGIC: early stop, decided on the last minibatch's KL over all ranks: every rank leaves together
         if args.target_kl is not None:
             if all_reduce_mean_(stats["approx_kl"].clone(), world_size).item() > args.target_kl:
                 break
-    return dict(zip(stats, (totals / num_updates).tolist())), finite, epoch
+    return dict(zip(stats, all_reduce_mean_(totals / num_updates, world_size).tolist())), finite, epoch + 1
 
 
 def train(args: Args, groups: list, device: torch.device, backend: Optional[str], rank: int, world_size: int) -> int:
@@ -536,15 +595,16 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     torch.backends.cudnn.benchmark = not args.torch_deterministic
     fp32_precision = "tf32" if args.tf32 else "ieee"  # stated, not inherited: PyTorch's defaults differ per op
     torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = fp32_precision
-    agent, optimizer, flat_grad = make_learner(groups[0].envs.single_action_space.n, device, args.learning_rate)
+    num_actions = groups[0].envs.single_action_space.n
+    agent, optimizer, flat_grad = make_learner(num_actions, device, args.learning_rate)
     if world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    # From here on the ranks differ: each samples its own actions.
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
+    # One random stream shared by every rank, apart from the one that drew the initial weights: the action
+    # noise and the minibatches, drawn whole on every rank, each rank using its envs' part.
+    shared_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(args.seed).generate_state(1)[0]))
+    local_envs = slice(rank * args.local_num_envs, (rank + 1) * args.local_num_envs)
 
     start_iteration, global_step, elapsed_before = 1, 0, 0.0
     recent_returns = deque(maxlen=100)
@@ -554,10 +614,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         start_iteration, global_step = resumed["iteration"] + 1, resumed["global_step"]
         elapsed_before, run_name = resumed["elapsed"], resumed["run_name"]
         recent_returns.extend(resumed["recent_returns"])
-        if resumed["world_size"] == world_size:
-            set_rng_state(resumed["rng"][rank], device)
-        else:
-            torch.manual_seed(args.seed + rank + resumed["iteration"] * world_size)
+        shared_rng.set_state(resumed["shared_rng"])
         if master_process:
             print(f"resumed from {resumed['path']} at iteration {resumed['iteration']} (global step {global_step:,}), "
                   f"parameter digest {parameter_digest(agent)}", flush=True)
@@ -574,16 +631,16 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
 
-    def policy(obs):
-        action, logprob, _, value = agent.get_action_and_value(obs)
+    def policy(obs, gumbel):
+        action, logprob, _, value = agent.get_action_and_value(obs, gumbel=gumbel)
         return action, logprob, value
 
     def checkpoint_state(iteration: int) -> Optional[dict]:
-        """Everything needed to continue, as a plain dict; a collective (every rank's RNG state), on rank 0."""
-        rng = all_gather(rng_state(device), world_size)
+        """Everything needed to continue, as a plain dict, on rank 0 (the shared stream is the same on all)."""
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-                "global_step": global_step, "args": asdict(args), "world_size": world_size, "rng": rng,
-                "run_name": run_name, "elapsed": elapsed_before + time.time() - start_time,
+                "global_step": global_step, "args": asdict(args), "world_size": world_size,
+                "shared_rng": shared_rng.get_state(), "run_name": run_name,
+                "elapsed": elapsed_before + time.time() - start_time,
                 "recent_returns": list(recent_returns)} if master_process else None
 
     stop = StopRequest()  # signals are caught from here on; before, they end a process with nothing to save
@@ -592,9 +649,10 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         optimizer.param_groups[0]["lr"] = get_lr(iteration, sizes.num_iterations, args.learning_rate, args.anneal_lr)
 
         rollout_start = time.perf_counter()
+        gumbel = draw_gumbel(shared_rng, args.num_steps, sizes.num_envs, num_actions)[:, local_envs].to(device)
         # One autocast region for the whole rollout: under bf16 the weights are cast once, not at every step.
         with torch.no_grad(), autocast:
-            episodes = collect_rollout(policy, agent.get_value, groups, rollout, args.gamma, env_timer)
+            episodes = collect_rollout(policy, agent.get_value, groups, rollout, gumbel, args.gamma, env_timer)
         episodes = [(global_step + (step + 1) * sizes.num_envs, r, l) for step, r, l in episodes]
         global_step += args.num_steps * sizes.num_envs
         rollout_time = time.perf_counter() - rollout_start
@@ -611,9 +669,12 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                  "advantages": advantages.flatten(), "returns": returns.flatten()}
 
         update_start = time.perf_counter()
-        losses, finite, epochs = ppo_update(args, agent, optimizer, flat_grad, batch, world_size,
-                                            minibatch_size=sizes.local_minibatch_size, autocast=autocast,
-                                            allreduce_timer=allreduce_timer)
+        minibatches = draw_minibatches(shared_rng, args.update_epochs, sizes.num_envs, args.num_steps,
+                                       args.num_minibatches)
+        minibatches = local_minibatches(minibatches, local_envs.start, args.local_num_envs).to(device)
+        losses, finite, epochs = ppo_update(args, agent, optimizer, flat_grad, batch, minibatches, world_size,
+                                            autocast=autocast, allreduce_timer=allreduce_timer)
+        losses["explained_variance"] = explained_variance(batch["values"], batch["returns"], world_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         update_time = time.perf_counter() - update_start
@@ -643,7 +704,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         env_time, allreduce_time = env_timer.pop_seconds(), allreduce_timer.pop_seconds()
         if master_process:
             sps = int((global_step - start_step) / (time.time() - start_time))
-            recent_returns.extend(log_iteration(writer, per_rank, losses, batch, global_step, {
+            recent_returns.extend(log_iteration(writer, per_rank, losses, global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps,
                 "perf/rollout_time": rollout_time, "perf/env_time": env_time, "perf/update_time": update_time,
                 "perf/allreduce_time": allreduce_time}))
@@ -790,9 +851,9 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
     refusals = [  # (refused, why); the first that holds is reported
         (args.eval_checkpoint and world_size > 1, "--eval-checkpoint runs in one process: start it with python, "
          "not torchrun"),
-        (sizes.local_batch_size % args.num_minibatches, f"the local batch (local_num_envs * num_steps = "
-         f"{sizes.local_batch_size}) is not divisible by --num-minibatches {args.num_minibatches}; pick sizes that "
-         f"divide evenly"),
+        (args.num_steps % args.num_minibatches, f"--num-minibatches {args.num_minibatches} does not divide "
+         f"--num-steps {args.num_steps}: each minibatch takes num_steps / num_minibatches steps of every env; pick "
+         f"sizes that divide evenly"),
         (sizes.num_iterations == 0, f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
          f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps): the "
          f"run would train nothing; raise --total-timesteps or shrink the batch"),
@@ -967,7 +1028,7 @@ def close_writer(writer, args: Args) -> None:
         wandb.finish()
 
 
-def log_iteration(writer, per_rank: list, losses: dict, batch: dict, global_step: int, charts: dict) -> list:
+def log_iteration(writer, per_rank: list, losses: dict, global_step: int, charts: dict) -> list:
     """Log every rank's finished games and this iteration's losses; return the games' returns."""
     epochs = {e for _, e in per_rank}
     if len(epochs) > 1:
@@ -976,13 +1037,20 @@ def log_iteration(writer, per_rank: list, losses: dict, batch: dict, global_step
     for step, episodic_return, episodic_length in games:
         writer.add_scalar("charts/episodic_return", episodic_return, step)
         writer.add_scalar("charts/episodic_length", episodic_length, step)
-    y_pred, y_true = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
-    var_y = np.var(y_true)
-    losses = {**losses, "explained_variance": np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y}
     for tag, value in {**charts, "charts/update_epochs": epochs.pop(),
                        **{f"losses/{name}": value for name, value in losses.items()}}.items():
         writer.add_scalar(tag, value, global_step)
     return [episodic_return for _, episodic_return, _ in games]
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, world_size: int) -> float:
+    """1 - Var(returns - values) / Var(returns) over the whole job's batch (population variances; nan when the
+    returns do not vary), from one all-reduce of float64 sums."""
+    y, error = returns.double(), (returns - values).double()
+    sums = torch.stack([y.new_tensor(y.numel()), y.sum(), y.square().sum(), error.sum(), error.square().sum()])
+    count, y_sum, y_squares, error_sum, error_squares = all_reduce_sum_(sums, world_size).tolist()
+    var_y = y_squares / count - (y_sum / count) ** 2
+    return np.nan if var_y <= 0 else 1 - (error_squares / count - (error_sum / count) ** 2) / var_y
 
 
 def print_summary(args: Args, sizes: BatchSizes, exit_code: int, *, global_step: int, wall: float, recent_returns,
@@ -1091,7 +1159,7 @@ def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: i
             path = latest_checkpoint(checkpoint_dir) if args.resume == "auto" else Path(args.resume)
             if path is not None:
                 saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
-                                                        "world_size", "rng", "run_name"))
+                                                        "world_size", "shared_rng", "run_name"))
                 verdict = [{**saved, "path": path, "notes": check_resume(saved, args, world_size)}]
         except ConfigError as e:
             verdict = [e]
@@ -1107,31 +1175,20 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
     old = saved["args"]
     if old["env_id"] != args.env_id:
         raise ConfigError(f"cannot resume: the checkpoint trained {old['env_id']}, not {args.env_id}")
-    old_batch = old["local_num_envs"] * old["num_steps"] * saved["world_size"]
-    new_batch = batch_sizes(args, world_size).batch_size
-    if old_batch != new_batch:
-        raise ConfigError(f"cannot resume: the checkpoint's global batch was {old_batch} transitions, this run's is "
-                          f"{new_batch}; keep processes x local_num_envs x num_steps the same")
+    old_envs, sizes = old["local_num_envs"] * saved["world_size"], batch_sizes(args, world_size)
+    if old_envs * old["num_steps"] != sizes.batch_size:
+        raise ConfigError(f"cannot resume: the checkpoint's global batch was {old_envs * old['num_steps']} "
+                          f"transitions, this run's is {sizes.batch_size}; keep processes x local_num_envs x num_steps "
+                          f"the same")
+    # The split of the envs across processes is a speed setting: only the job's env count is part of the run.
     run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "cost_per_hour", "capture_video", "track",
-                 "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env"}
+                 "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env",
+                 "local_num_envs"}
     notes = [f"{key} {old[key]} -> {value}" for key, value in asdict(args).items()
              if key not in run_local and key in old and old[key] != value]
-    if saved["world_size"] != world_size:
-        notes.append(f"world size {saved['world_size']} -> {world_size} (action sampling reseeded)")
+    if old_envs != sizes.num_envs:
+        notes.append(f"envs in the job {old_envs} -> {sizes.num_envs}")
     return notes
-
-
-def rng_state(device: torch.device) -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class StopRequest:

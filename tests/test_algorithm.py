@@ -23,13 +23,13 @@ ENTROPY = [1.0, 1.2, 0.8, 1.4, 0.6]
 CLIP, ENT_COEF, VF_COEF = 0.2, 0.1, 0.25
 
 
-def loss_of(*, clip_vloss=True, norm_adv=False, advantages=ADVANTAGES, ratios=RATIOS):
+def loss_of(*, clip_vloss=True, adv_stats=None, advantages=ADVANTAGES, ratios=RATIOS):
     new_logprob = torch.tensor([old + math.log(r) for old, r in zip(OLD_LOGPROBS, ratios)], requires_grad=True)
     new_value = torch.tensor(NEW_VALUES, requires_grad=True)
     entropy = torch.tensor(ENTROPY, requires_grad=True)
     loss, stats = ppo.ppo_loss(new_logprob, torch.tensor(OLD_LOGPROBS), torch.tensor(advantages), new_value,
-                               torch.tensor(OLD_VALUES), torch.tensor(RETURNS), entropy, clip_coef=CLIP,
-                               clip_vloss=clip_vloss, norm_adv=norm_adv, ent_coef=ENT_COEF, vf_coef=VF_COEF)
+                               torch.tensor(OLD_VALUES), torch.tensor(RETURNS), entropy, adv_stats=adv_stats,
+                               clip_coef=CLIP, clip_vloss=clip_vloss, ent_coef=ENT_COEF, vf_coef=VF_COEF)
     loss.backward()
     grads = {"logprob": new_logprob.grad.tolist(), "value": new_value.grad.tolist(), "entropy": entropy.grad.tolist()}
     return loss.item(), {name: value.item() for name, value in stats.items()}, grads
@@ -89,11 +89,14 @@ def test_kl_estimates_and_clip_fraction():
 
 def test_advantages_are_normalised_per_minibatch_with_sample_std():
     advantages = [1.0, 2.0, 3.0, 4.0, 10.0]  # mean 4; sample std sqrt((9 + 4 + 1 + 0 + 36) / 4) = sqrt(12.5)
+    # Two minibatches at once (the second: mean 1, sample std sqrt((1 + 1 + 1 + 1 + 16) / 4) = sqrt(5)).
+    adv_stats = ppo.advantage_stats(torch.tensor([advantages, [0.0, 0.0, 0.0, 0.0, 5.0]]), world_size=1)
+    assert adv_stats.flatten().tolist() == pytest.approx([4.0, math.sqrt(12.5), 1.0, math.sqrt(5.0)], abs=1e-6)
     normalised = [(a - 4.0) / (math.sqrt(12.5) + 1e-8) for a in advantages]
     pessimistic = [max(-a * r, -a * min(max(r, 1 - CLIP), 1 + CLIP)) for a, r in zip(normalised, RATIOS)]
-    _, stats, _ = loss_of(norm_adv=True, advantages=advantages)
+    _, stats, _ = loss_of(adv_stats=adv_stats[0], advantages=advantages)
     assert stats["policy_loss"] == pytest.approx(sum(pessimistic) / 5, abs=1e-6)
-    _, raw, _ = loss_of(norm_adv=False, advantages=advantages)  # --no-norm-adv: the advantages as given
+    _, raw, _ = loss_of(adv_stats=None, advantages=advantages)  # --no-norm-adv: the advantages as given
     unnormalised = [max(-a * r, -a * min(max(r, 1 - CLIP), 1 + CLIP)) for a, r in zip(advantages, RATIOS)]
     assert raw["policy_loss"] == pytest.approx(sum(unnormalised) / 5, abs=1e-6)
 
@@ -102,9 +105,12 @@ def test_advantage_normalisation_epsilon():
     # Advantages 0, 1e-8, 2e-8: mean 1e-8, sample std 1e-8. With epsilon 1e-8 they become -0.5, 0, 0.5
     # (without it -1, 0, 1). Ratio 1 everywhere, so the policy loss is -mean(A) = 0 and its gradient -A / 3.
     logprob = torch.zeros(3, requires_grad=True)
-    loss, _ = ppo.ppo_loss(logprob, torch.zeros(3), torch.tensor([0.0, 1e-8, 2e-8]), torch.zeros(3), torch.zeros(3),
-                           torch.zeros(3), torch.zeros(3), clip_coef=CLIP, clip_vloss=True, norm_adv=True,
-                           ent_coef=0.0, vf_coef=0.0)
+    advantages = torch.tensor([0.0, 1e-8, 2e-8], dtype=torch.float64)
+    adv_stats = ppo.advantage_stats(advantages, world_size=1)
+    assert adv_stats.tolist() == pytest.approx([1e-8, 1e-8], rel=1e-9)
+    loss, _ = ppo.ppo_loss(logprob, torch.zeros(3), advantages.float(), torch.zeros(3), torch.zeros(3),
+                           torch.zeros(3), torch.zeros(3), adv_stats=adv_stats.float(), clip_coef=CLIP,
+                           clip_vloss=True, ent_coef=0.0, vf_coef=0.0)
     loss.backward()
     assert logprob.grad.tolist() == pytest.approx([0.5 / 3, 0.0, -0.5 / 3], abs=1e-4)
 
@@ -162,7 +168,7 @@ def test_truncation_is_bootstrapped_and_termination_is_not(vector_env):
     num_envs, num_steps, gamma, seeds = 2, 300, 0.9, [21, 22]
     value_of = lambda obs: obs.reshape(len(obs), -1).float().mean(1) / 10  # noqa: E731 - a known "critic"
 
-    def policy(obs):
+    def policy(obs, gumbel):
         action = obs.reshape(len(obs), -1).to(torch.int64).sum(1) % 4
         return action, torch.zeros(len(obs)), value_of(obs)
 
@@ -170,7 +176,8 @@ def test_truncation_is_bootstrapped_and_termination_is_not(vector_env):
     rollout = ppo.Rollout.allocate(num_steps, num_envs, (4, 84, 84), torch.device("cpu"))
     rollout.set_next_obs(slice(0, num_envs), envs.reset(seed=seeds)[0])
     group = ppo.EnvGroup(envs, slice(0, num_envs))
-    ppo.collect_rollout(policy, value_of, [group], rollout, gamma, ppo.SectionTimer(torch.device("cpu")))
+    gumbel = torch.zeros(num_steps, num_envs, 4)
+    ppo.collect_rollout(policy, value_of, [group], rollout, gumbel, gamma, ppo.SectionTimer(torch.device("cpu")))
     envs.close()
 
     # The same envs stepped with the same actions, by hand: what each step returned.
@@ -204,3 +211,49 @@ def test_orthogonal_init_with_the_nature_gains():
         torch.testing.assert_close(weight @ weight.T, gain_squared * torch.eye(len(weight)), rtol=0,
                                    atol=1e-5 * gain_squared)
         assert torch.count_nonzero(params[f"{name}.bias"]) == 0
+
+
+def test_minibatches_take_an_equal_slice_of_every_envs_shuffled_steps():
+    # 3 envs x 8 steps, 4 minibatches, 2 epochs: each minibatch holds 2 steps of each env; per epoch and env the
+    # 4 minibatches' steps are 0..7 once each; the two epochs and the envs are shuffled differently.
+    minibatches = ppo.draw_minibatches(torch.Generator().manual_seed(0), epochs=2, num_envs=3, num_steps=8,
+                                       num_minibatches=4)
+    assert minibatches.shape == (2, 4, 3, 2)
+    for epoch in range(2):
+        for env in range(3):
+            assert sorted(minibatches[epoch, :, env].flatten().tolist()) == list(range(8))
+    assert not torch.equal(minibatches[0], minibatches[1])
+    assert not torch.equal(minibatches[0, :, 0], minibatches[0, :, 1])
+    assert minibatches[0, :, 0].flatten().tolist() != list(range(8))  # shuffled, not in step order
+
+    # A process with envs 1 and 2 (of 3) holds, in its (steps x 2 envs) batch flattened row by row, the
+    # sample of step t and its env e (0 or 1) at index 2 t + e.
+    local = ppo.local_minibatches(minibatches, first_env=1, local_num_envs=2)
+    assert local.shape == (2, 4, 4)
+    for epoch in range(2):
+        for m in range(4):
+            steps_env1, steps_env2 = minibatches[epoch, m, 1].tolist(), minibatches[epoch, m, 2].tolist()
+            expected = [2 * t for t in steps_env1] + [2 * t + 1 for t in steps_env2]
+            assert sorted(local[epoch, m].tolist()) == sorted(expected)
+
+
+def test_minibatches_are_the_same_whatever_the_split():
+    # Global minibatch m is the union of the processes' shares: 2 x 2 envs hold exactly what 1 x 4 holds.
+    minibatches = ppo.draw_minibatches(torch.Generator().manual_seed(3), epochs=1, num_envs=4, num_steps=6,
+                                       num_minibatches=3)
+    whole = ppo.local_minibatches(minibatches, first_env=0, local_num_envs=4)
+    halves = [ppo.local_minibatches(minibatches, first_env=2 * r, local_num_envs=2) for r in range(2)]
+    for m in range(3):
+        from_whole = sorted((int(i) // 4, int(i) % 4) for i in whole[0, m])  # (step, global env)
+        from_halves = sorted((int(i) // 2, 2 * r + int(i) % 2) for r in range(2) for i in halves[r][0, m])
+        assert from_whole == from_halves and len(from_whole) == 8
+
+
+def test_explained_variance_over_the_batch():
+    # returns 1, 2, 3, 6: mean 3, population variance (4 + 1 + 0 + 9) / 4 = 3.5.
+    # values 1, 1, 4, 4: errors 0, 1, -1, 2, mean 0.5, variance (0.25 + 0.25 + 2.25 + 2.25) / 4 = 1.25.
+    # 1 - 1.25 / 3.5 = 0.642857...
+    values, returns = torch.tensor([1.0, 1.0, 4.0, 4.0]), torch.tensor([1.0, 2.0, 3.0, 6.0])
+    assert ppo.explained_variance(values, returns, world_size=1) == pytest.approx(1 - 1.25 / 3.5, abs=1e-12)
+    assert ppo.explained_variance(returns, returns, world_size=1) == pytest.approx(1.0, abs=1e-12)  # perfect critic
+    assert math.isnan(ppo.explained_variance(values, torch.full((4,), 2.0), world_size=1))  # returns do not vary

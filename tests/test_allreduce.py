@@ -1,5 +1,9 @@
-"""The single flat all-reduce gives every rank the mean of the ranks' gradients (two real gloo processes)."""
+"""The single flat all-reduce gives every rank the mean of the ranks' gradients, and the statistics taken over
+all ranks are those of the whole batch (two real gloo processes)."""
 
+import math
+
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -71,3 +75,23 @@ def test_gradient_views_alias_the_flat_buffer():
     assert all(p.grad.abs().sum() == 0 for p in agent.parameters())  # backward wrote into the flat buffer
     for p in agent.parameters():
         assert p.grad.stride() == p.stride()  # layouts match: no hidden copies in autograd
+
+
+def statistics_worker(rank: int, port: int, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    shares = [[1.0, 2.0, 3.0], [4.0, 10.0, 4.0]]  # one minibatch of 6 advantages, half on each rank
+    adv_stats = ppo.advantage_stats(torch.tensor([shares[rank]]), WORLD_SIZE)
+    values, returns = [[1.0, 1.0], [4.0, 4.0]][rank], [[1.0, 2.0], [3.0, 6.0]][rank]
+    results[rank] = adv_stats.tolist(), ppo.explained_variance(torch.tensor(values), torch.tensor(returns), WORLD_SIZE)
+    dist.destroy_process_group()
+
+
+def test_normalisation_and_explained_variance_are_over_every_rank():
+    results = mp.Manager().dict()
+    mp.spawn(statistics_worker, args=(free_port(), results), nprocs=WORLD_SIZE, join=True)
+    # Advantages 1, 2, 3 | 4, 10, 4: mean 24 / 6 = 4, sample variance (9 + 4 + 1 + 0 + 36 + 0) / 5 = 10.
+    # Returns 1, 2 | 3, 6 and values 1, 1 | 4, 4: Var(returns) 3.5, Var(returns - values) 1.25 (as over one rank).
+    for rank in range(WORLD_SIZE):
+        ((mean, std),) = results[rank][0]
+        assert (mean, std) == pytest.approx((4.0, math.sqrt(10.0)), abs=1e-6)
+        assert results[rank][1] == pytest.approx(1 - 1.25 / 3.5, abs=1e-12)

@@ -102,7 +102,7 @@ def test_gloo_may_share_a_gpu():
     "cli, message",
     [
         (["--backend", "nccl"], "--backend nccl needs CUDA"),
-        (["--num-minibatches", "3"], "not divisible by --num-minibatches 3"),
+        (["--num-minibatches", "3"], "--num-minibatches 3 does not divide --num-steps 32"),
         (["--total-timesteps", "32"], "smaller than one global batch"),
         (["--local-num-envs", "0"], "--local-num-envs must be positive"),
         (["--num-steps", "-5"], "--num-steps must be positive"),

@@ -9,7 +9,7 @@ import ppo_atari_multigpu as ppo
 
 def deterministic_policy(num_actions: int):
     """Actions that depend on the observation alone, so two rollouts can be compared step by step."""
-    def policy(obs):
+    def policy(obs, gumbel):
         pixels = obs.reshape(len(obs), -1).to(torch.int64)
         action = (pixels * torch.arange(1, pixels.shape[1] + 1)).sum(1) % num_actions
         return action, -action.float(), pixels.float().mean(1)
@@ -26,7 +26,8 @@ def run_rollout(vector_env: str, num_envs: int, num_steps: int, seeds: list):
     timer = ppo.SectionTimer(torch.device("cpu"))
     episodes = []
     for _ in range(2):  # two rollouts: the second starts from where the first left the envs
-        episodes += ppo.collect_rollout(deterministic_policy(4), value_of, groups, rollout, 0.99, timer)
+        gumbel = torch.zeros(num_steps, num_envs, 4)
+        episodes += ppo.collect_rollout(deterministic_policy(4), value_of, groups, rollout, gumbel, 0.99, timer)
         snapshot = {name: (value.clone() if isinstance(value, torch.Tensor) else value.copy())
                     for name, value in vars(rollout).items() if name != "next_obs_host"}
     for group in groups:
@@ -49,11 +50,15 @@ def test_double_buffered_rollout_stores_the_transitions_of_the_single_one(single
     assert sync["dones"].sum() > 0
 
 
-def test_sampler_draws_each_action_with_the_policy_probability():
+@pytest.mark.parametrize("noise", ["drawn by the sampler", "the job's shared noise"])
+def test_sampler_draws_each_action_with_the_policy_probability(noise):
     probabilities = torch.tensor([0.05, 0.15, 0.3, 0.5])
     logits = (probabilities.log() + 1.7).expand(200_000, 4)  # any shift of the logits is the same policy
     torch.manual_seed(0)
-    actions = ppo.sample_action(logits)
+    if noise == "drawn by the sampler":  # as in evaluation
+        actions = ppo.sample_action(logits)
+    else:  # as in training: 200,000 steps of one env
+        actions = ppo.sample_action(logits, ppo.draw_gumbel(torch.Generator().manual_seed(0), 200_000, 1, 4)[:, 0])
     frequencies = torch.bincount(actions, minlength=4).double() / len(actions)
     # Within 5 standard errors of each probability, and a chi-square far below its 0.1% point for 3 dof (16.3).
     standard_errors = (probabilities * (1 - probabilities) / len(actions)).sqrt()

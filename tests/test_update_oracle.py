@@ -1,6 +1,7 @@
-"""One whole PPO update of the script against a textbook one written here in plain PyTorch: functional
-NCHW layers, per-parameter gradients, clipping by global norm and Adam by hand. The script's update
-(channels-last, flat gradient views, fused Adam, the all-reduce) must end at the same parameters.
+"""One whole PPO update of the script against a textbook one written here in plain PyTorch: one process holding
+the whole batch, functional NCHW layers, per-parameter gradients, clipping by global norm and Adam by hand. The
+script's update (channels-last, flat gradient views, fused Adam; on 2 ranks each holding half the envs, its
+share of every minibatch, the all-reduce and the advantage statistics over both) must end at the same parameters.
 
 Both run in float64: in float32 the two convolution algorithms' gradients differ by up to ~1e-6, which
 Adam (eps 1e-5) turns into steps of opposite sign for a few weights, and the comparison would need a
@@ -32,16 +33,17 @@ def oracle_forward(params: dict, obs, actions):
     return log_probs.gather(1, actions[:, None]).squeeze(1), entropy, value
 
 
-def oracle_loss(args, params, batch, mb):
-    """The clipped PPO objective as the paper and CleanRL write it; returns the loss and its statistics."""
-    logprob, entropy, value = oracle_forward(params, batch["obs"][mb], batch["actions"][mb])
-    log_ratio = logprob - batch["logprobs"][mb]
+def oracle_loss(args, params, batch, steps, envs):
+    """The clipped PPO objective as the paper and CleanRL write it, over the samples (steps[i], envs[i]) of a
+    (num_steps, num_envs) batch; returns the loss and its statistics."""
+    logprob, entropy, value = oracle_forward(params, batch["obs"][steps, envs], batch["actions"][steps, envs])
+    log_ratio = logprob - batch["logprobs"][steps, envs]
     ratio = torch.exp(log_ratio)
-    adv = batch["advantages"][mb]
+    adv = batch["advantages"][steps, envs]
     if args.norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-    returns, old_value = batch["returns"][mb], batch["values"][mb]
+    returns, old_value = batch["returns"][steps, envs], batch["values"][steps, envs]
     if args.clip_vloss:
         clipped = old_value + (value - old_value).clamp(-args.clip_coef, args.clip_coef)
         value_loss = 0.5 * torch.maximum((value - returns) ** 2, (clipped - returns) ** 2).mean()
@@ -53,26 +55,29 @@ def oracle_loss(args, params, batch, mb):
     return loss, stats
 
 
-def oracle_update(args, initial: dict, rank_batches: list, minibatch_size: int, lr: float):
-    """`update_epochs` passes; each minibatch step uses the mean of the ranks' gradients (rank r draws its
-    minibatch order from seed SEED + r, as the script seeds each rank differently)."""
+def shuffled_steps(num_envs: int, num_steps: int, epochs: int) -> torch.Tensor:
+    """orders[epoch][env]: a random order of that env's steps."""
+    g = torch.Generator().manual_seed(SEED)
+    return torch.stack([torch.stack([torch.randperm(num_steps, generator=g) for _ in range(num_envs)])
+                        for _ in range(epochs)])
+
+
+def oracle_update(args, initial: dict, batch: dict, orders: torch.Tensor, lr: float):
+    """`update_epochs` passes over the whole (num_steps, num_envs) batch; minibatch k of an epoch takes the
+    k-th slice of every env's order of steps."""
     params = {name: t.detach().clone().contiguous().requires_grad_() for name, t in initial.items()}
     m = {name: torch.zeros_like(p) for name, p in params.items()}
     v = {name: torch.zeros_like(p) for name, p in params.items()}
-    orders = []
-    for rank, batch in enumerate(rank_batches):
-        torch.manual_seed(SEED + rank)
-        orders.append([torch.randperm(len(batch["obs"])).split(minibatch_size) for _ in range(args.update_epochs)])
+    num_envs, num_steps = orders.shape[1:]
+    per_env = num_steps // args.num_minibatches
     beta1, beta2, eps, step, stats = 0.9, 0.999, 1e-5, 0, []
     for epoch in range(args.update_epochs):
-        for k in range(len(orders[0][epoch])):
-            grads = {name: torch.zeros_like(p) for name, p in params.items()}
-            for rank, batch in enumerate(rank_batches):
-                loss, mb_stats = oracle_loss(args, params, batch, orders[rank][epoch][k])
-                for name, g in zip(params, torch.autograd.grad(loss, list(params.values()))):
-                    grads[name] += g / len(rank_batches)
-                if rank == 0:
-                    stats.append(mb_stats)
+        for k in range(args.num_minibatches):
+            samples = [(int(t), env) for env in range(num_envs) for t in orders[epoch, env, k * per_env:(k + 1) * per_env]]
+            steps, envs = (torch.tensor(column) for column in zip(*samples))
+            loss, mb_stats = oracle_loss(args, params, batch, steps, envs)
+            stats.append(mb_stats)
+            grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
             norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
             scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
             step += 1
@@ -87,26 +92,36 @@ def oracle_update(args, initial: dict, rank_batches: list, minibatch_size: int, 
     return {name: p.detach() for name, p in params.items()}, means, m
 
 
-def make_batch(initial: dict, size: int, seed: int) -> dict:
-    """Random frames and actions; old log-probabilities and values near the initial policy's, so that ratios
-    and value changes fall on both sides of the clip range."""
+def make_batch(initial: dict, num_steps: int, num_envs: int, seed: int) -> dict:
+    """A (num_steps, num_envs) batch of random frames and actions; old log-probabilities and values near the
+    initial policy's, so that ratios and value changes fall on both sides of the clip range. Advantages of
+    mean 0.5: normalising with another minibatch's mean would show."""
     g = torch.Generator().manual_seed(seed)
+    size = num_steps * num_envs
     obs = torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=g)
     actions = torch.randint(0, NUM_ACTIONS, (size,), generator=g)
     with torch.no_grad():
         logprob, _, value = oracle_forward(initial, obs, actions)
-    return {"obs": obs, "actions": actions, "logprobs": logprob + 0.3 * torch.randn(size, generator=g),
-            "values": value + 0.3 * torch.randn(size, generator=g),
-            "returns": value + torch.randn(size, generator=g), "advantages": torch.randn(size, generator=g)}
+    batch = {"obs": obs, "actions": actions, "logprobs": logprob + 0.3 * torch.randn(size, generator=g),
+             "values": value + 0.3 * torch.randn(size, generator=g),
+             "returns": value + torch.randn(size, generator=g), "advantages": 0.5 + torch.randn(size, generator=g)}
+    return {key: value.view(num_steps, num_envs, *value.shape[1:]) for key, value in batch.items()}
 
 
-def script_update(args, initial: dict, batch: dict, world_size: int, rank: int, lr: float):
+def local_batch(batch: dict, envs: slice) -> dict:
+    """A process's batch as the script holds it: its envs' columns, flattened step by step."""
+    return {key: value[:, envs].flatten(0, 1) for key, value in batch.items()}
+
+
+def script_update(args, initial: dict, batch: dict, orders: torch.Tensor, world_size: int, rank: int, lr: float):
     agent, optimizer, flat_grad = ppo.make_learner(NUM_ACTIONS, torch.device("cpu"), lr)  # as train() builds it
     agent.load_state_dict(initial)
-    torch.manual_seed(SEED + rank)
-    minibatch_size = ppo.batch_sizes(args, world_size).local_minibatch_size
-    losses, finite, epochs = ppo.ppo_update(args, agent, optimizer, flat_grad, batch, world_size,
-                                            minibatch_size=minibatch_size, autocast=torch.autocast("cpu", enabled=False),
+    num_envs, num_steps = orders.shape[1:]
+    minibatches = orders.view(args.update_epochs, num_envs, args.num_minibatches, -1).transpose(1, 2)
+    local = ppo.local_minibatches(minibatches, rank * args.local_num_envs, args.local_num_envs)
+    envs = slice(rank * args.local_num_envs, (rank + 1) * args.local_num_envs)
+    losses, finite, epochs = ppo.ppo_update(args, agent, optimizer, flat_grad, local_batch(batch, envs), local,
+                                            world_size, autocast=torch.autocast("cpu", enabled=False),
                                             allreduce_timer=ppo.SectionTimer(torch.device("cpu")))
     assert bool(finite) and epochs == args.update_epochs
     first_moments = {name: optimizer.state[p]["exp_avg"].clone() for name, p in agent.named_parameters()}
@@ -126,6 +141,7 @@ def float64():
 
 
 ARGS = dict(local_num_envs=8, num_steps=8, num_minibatches=4, update_epochs=4)  # 64 samples, 4 x 16 per epoch
+ORDERS = shuffled_steps(num_envs=8, num_steps=8, epochs=4)
 TOLERANCE = 2e-7  # measured differences: up to 1e-8 (the script computes its loss terms in float32)
 
 
@@ -143,22 +159,21 @@ def test_update_matches_the_textbook_update(options):
     torch.set_num_threads(1)
     args = ppo.Args(**ARGS, **options)
     initial = initial_weights()
-    batch = make_batch(initial, 64, seed=1)
-    final, losses, moments = script_update(args, initial, batch, world_size=1, rank=0, lr=2.5e-4)
-    expected, oracle_stats, expected_moments = oracle_update(args, initial, [batch], minibatch_size=16, lr=2.5e-4)
+    batch = make_batch(initial, 8, 8, seed=1)
+    final, losses, moments = script_update(args, initial, batch, ORDERS, world_size=1, rank=0, lr=2.5e-4)
+    expected, oracle_stats, expected_moments = oracle_update(args, initial, batch, ORDERS, lr=2.5e-4)
     assert_same_update(final, expected, initial, moments, expected_moments)
     for name, value in oracle_stats.items():  # the logged statistics: means over the 16 minibatches
         assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert 0 < losses["clipfrac"] < 1
 
 
-def worker(rank: int, port: int, initial: dict, batches: list, results):
+def worker(rank: int, port: int, initial: dict, batch: dict, results):
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     args = ppo.Args(**{**TWO_RANKS, "local_num_envs": 4})  # half the envs per rank: the same 64 samples in all
-    final, _, moments = script_update(args, initial, batches[rank], world_size=2, rank=rank, lr=2.5e-4)
-    results[rank] = final, moments
+    results[rank] = script_update(args, initial, batch, ORDERS, world_size=2, rank=rank, lr=2.5e-4)
     dist.destroy_process_group()
 
 
@@ -166,15 +181,16 @@ def worker(rank: int, port: int, initial: dict, batches: list, results):
 TWO_RANKS = {**ARGS, "max_grad_norm": 100.0}
 
 
-def test_two_gloo_ranks_match_the_textbook_update_on_the_mean_gradient():
+def test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch():
     torch.set_num_threads(1)
     initial = initial_weights()
-    whole = make_batch(initial, 64, seed=2)
-    halves = [{key: value[32 * r: 32 * (r + 1)] for key, value in whole.items()} for r in range(2)]
+    whole = make_batch(initial, 8, 8, seed=2)
     results = mp.Manager().dict()
-    mp.spawn(worker, args=(free_port(), initial, halves, results), nprocs=2, join=True)
-    expected, _, expected_moments = oracle_update(ppo.Args(**TWO_RANKS), initial, halves, minibatch_size=8, lr=2.5e-4)
+    mp.spawn(worker, args=(free_port(), initial, whole, results), nprocs=2, join=True)
+    expected, oracle_stats, expected_moments = oracle_update(ppo.Args(**TWO_RANKS), initial, whole, ORDERS, lr=2.5e-4)
     for rank in range(2):
-        final, moments = results[rank]
+        final, losses, moments = results[rank]
         assert_same_update(final, expected, initial, moments, expected_moments)
+        for name, value in oracle_stats.items():  # logged: the whole minibatches' statistics, on every rank
+            assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert all(torch.equal(results[0][0][name], results[1][0][name]) for name in expected)  # bitwise equal ranks

@@ -1,0 +1,151 @@
+"""The number of processes is a speed setting: 1 x 4, 2 x 2 and 4 x 1 processes x envs compute the same
+experiment (the same games, losses and parameters), and a run resumed on another number of processes draws what
+the uninterrupted run would have drawn. Real torchrun, gloo and ALE; tests/launch.py runs the script in float64
+(so that the order of floating-point sums, which differs between splits, stays below 1e-12) and records what
+each rank drew from the job's shared random stream."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ppo_atari_multigpu as ppo
+from conftest import ROOT, SCRIPT, scalars, script_env
+
+LAUNCHER = ROOT / "tests" / "launch.py"
+NUM_STEPS, NUM_MINIBATCHES, ITERATIONS, ENVS = 64, 2, 3, 4
+COMMON = ["--num-steps", str(NUM_STEPS), "--num-minibatches", str(NUM_MINIBATCHES)]
+RUN_ID = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1"
+
+
+def run_split(cwd, nproc: int, *extra, iterations=ITERATIONS, dtype="float64", script=SCRIPT):
+    """Run the script as `nproc` processes x ENVS / nproc envs; return its folder (TensorBoard log,
+    checkpoints, and what each rank recorded under record/)."""
+    args = [*COMMON, "--local-num-envs", str(ENVS // nproc), "--total-timesteps", str(iterations * ENVS * NUM_STEPS),
+            *extra]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}",
+               str(LAUNCHER), str(script), *args]
+    env = {**script_env(), "PPO_TEST_DTYPE": dtype, "PPO_TEST_RECORD": str(cwd / "record")}
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return cwd
+
+
+def recorded(cwd, rank: int) -> dict:
+    return torch.load(cwd / "record" / f"rank{rank}.pt", weights_only=False)
+
+
+def final_parameters(cwd) -> dict:
+    return torch.load(cwd / "checkpoints" / RUN_ID / "final_model.pt", weights_only=False)["model"]
+
+
+def assert_same_experiment(a, b):
+    """The same games at the same steps, every logged loss within 1e-9, final parameters within 1e-9."""
+    logged_a, logged_b = scalars(a), scalars(b)
+    games = logged_a["charts/episodic_return"]
+    assert games, "no game ended: the comparison of games would be empty"
+    for tag in ("charts/episodic_return", "charts/episodic_length"):
+        assert logged_a[tag] == logged_b[tag], tag
+    tags = [tag for tag in logged_a if tag.startswith("losses/")] + ["charts/update_epochs"]
+    assert len(tags) == 8
+    for tag in tags:
+        steps_a, values_a = zip(*logged_a[tag])
+        steps_b, values_b = zip(*logged_b[tag])
+        assert steps_a == steps_b == tuple(ENVS * NUM_STEPS * i for i in range(1, ITERATIONS + 1)), tag
+        assert values_a == pytest.approx(values_b, rel=0, abs=1e-9), tag
+    final_a, final_b = final_parameters(a), final_parameters(b)
+    for name in final_a:
+        torch.testing.assert_close(final_a[name], final_b[name], rtol=0, atol=1e-9, msg=name)
+    return logged_a
+
+
+_runs = {}
+
+
+def run_once(tmp_path_factory, name: str, nproc: int, *extra, **kwargs):
+    """Each configuration runs once per test session; the tests compare the folders."""
+    if name not in _runs:
+        _runs[name] = run_split(tmp_path_factory.mktemp(name), nproc, *extra, **kwargs)
+    return _runs[name]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_split_of_the_envs_computes_the_same_experiment(tmp_path_factory, nproc):
+    one = run_once(tmp_path_factory, "1x4", 1)
+    split = run_once(tmp_path_factory, f"{nproc}x{ENVS // nproc}", nproc)
+    logged = assert_same_experiment(one, split)
+    assert max(kl for _, kl in logged["losses/approx_kl"]) > 1e-5  # the updates did move the policy
+    # The ranks' columns of the job's noise are the job's noise: rank r used envs r * n .. (r + 1) * n - 1.
+    whole = recorded(one, 0)["actions"]
+    parts = [recorded(split, rank)["actions"] for rank in range(nproc)]
+    for iteration in range(ITERATIONS):
+        assert torch.equal(whole[iteration], torch.cat([p[iteration] for p in parts], dim=1))
+
+
+def test_double_buffered_envs_compute_the_same_experiment(tmp_path_factory):
+    one = run_once(tmp_path_factory, "1x4", 1)
+    assert_same_experiment(one, run_once(tmp_path_factory, "2x2-double", 2, "--vector-env", "double"))
+
+
+def test_ale_vector_env_splits_compute_the_same_experiment(tmp_path_factory):
+    one = run_once(tmp_path_factory, "1x4-ale", 1, "--vector-env", "ale")
+    assert_same_experiment(one, run_once(tmp_path_factory, "2x2-ale", 2, "--vector-env", "ale"))
+
+
+def test_early_stop_on_the_global_kl_is_the_same_in_every_split(tmp_path_factory):
+    one = run_once(tmp_path_factory, "1x4-kl", 1, "--target-kl", "0.0001")
+    logged = assert_same_experiment(one, run_once(tmp_path_factory, "2x2-kl", 2, "--target-kl", "0.0001"))
+    assert min(epochs for _, epochs in logged["charts/update_epochs"]) < 4  # it did stop early
+
+
+def test_float32_splits_take_the_same_actions_and_end_within_rounding(tmp_path_factory):
+    one = run_once(tmp_path_factory, "1x4-fp32", 1, iterations=1, dtype="float32")
+    two = run_once(tmp_path_factory, "2x2-fp32", 2, iterations=1, dtype="float32")
+    actions = recorded(one, 0)["actions"][0]
+    assert torch.equal(actions, torch.cat([recorded(two, rank)["actions"][0] for rank in range(2)], dim=1))
+    assert len(actions.unique()) == 4  # sampled, not one action everywhere
+    # In float32 the two differ only in the order of sums. One iteration is 4 epochs x 2 minibatches = 8 Adam
+    # steps. Each step can round a weight differently by one unit in the last place (|w| < 1: 2^-24 ~ 6e-8)
+    # and turns a gradient difference d into a step difference of at most lr * d / eps; a rounding difference of
+    # a mean of 128 float32 terms below 1e-3 is d < ~128 * 2^-24 * 1e-3 ~ 8e-9, so lr * d / eps < 2e-7. Over 8
+    # steps: < 8 * (6e-8 + 2e-7) ~ 2e-6. The tolerance is 1e-5; a per-process normalisation or shuffle moves
+    # weights by ~lr = 2.5e-4 per step.
+    tolerance = 1e-5
+    final_one, final_two = final_parameters(one), final_parameters(two)
+    torch.manual_seed(1)  # the script's initial weights (--seed 1)
+    initial = ppo.Agent(num_actions=4).state_dict()
+    assert max(float(p.abs().max()) for p in final_one.values()) < 1
+    assert max(float((final_one[name] - initial[name]).abs().max()) for name in initial) > 100 * tolerance
+    assert max(float((final_one[name] - final_two[name]).abs().max()) for name in initial) < tolerance
+
+
+def resumed_draws(run) -> dict:
+    """What rank 0 drew in the first iteration of a run."""
+    record = recorded(run, 0)
+    return {"gumbel": record["gumbel"][0], "minibatches": record["minibatches"][0]}
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_resume_on_another_number_of_processes_continues_the_run(tmp_path_factory, nproc):
+    uninterrupted = run_once(tmp_path_factory, "2x2", 2)
+    stopped = run_once(tmp_path_factory, "2x2-stopped", 2, iterations=ITERATIONS - 1)
+    (checkpoint,) = (stopped / "checkpoints" / RUN_ID).glob("checkpoint_*.pt")
+    resumed = run_split(tmp_path_factory.mktemp(f"resumed-{nproc}x{ENVS // nproc}"), nproc, "--resume", str(checkpoint))
+    # Iteration 3 of the resumed run drew the noise and minibatches of iteration 3 of the uninterrupted one.
+    expected = recorded(uninterrupted, 0)
+    for rank in range(nproc):
+        record = recorded(resumed, rank)
+        assert len(record["gumbel"]) == len(record["minibatches"]) == 1
+        assert torch.equal(record["gumbel"][0], expected["gumbel"][ITERATIONS - 1])
+        assert torch.equal(record["minibatches"][0], expected["minibatches"][ITERATIONS - 1])
+        assert not torch.equal(record["gumbel"][0], expected["gumbel"][ITERATIONS - 2])  # a fresh draw each iteration
+        # Every process continues with the saved optimizer: Adam's step count and moments.
+        saved = torch.load(checkpoint, weights_only=False)["optimizer"]["state"]
+        assert len(record["optimizer"]) == len(saved)
+        for index, state in enumerate(record["optimizer"]):
+            assert float(state["step"]) == float(saved[index]["step"]) == 4 * NUM_MINIBATCHES * (ITERATIONS - 1)
+            assert torch.equal(state["exp_avg"], saved[index]["exp_avg"])
+            assert torch.equal(state["exp_avg_sq"], saved[index]["exp_avg_sq"])
+    assert math.isfinite(scalars(resumed)["losses/value_loss"][-1][1])
