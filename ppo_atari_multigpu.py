@@ -12,10 +12,11 @@ Preemptible machines (torchrun restarts the group, which continues from the late
 Evaluate a saved policy:
     python ppo_atari_multigpu.py --eval-checkpoint checkpoints/<env_id>__<exp_name>__<seed>/final_model.pt
 
-The global batch is world_size * local_num_envs * num_steps. With the same global envs (world_size *
-local_num_envs), every way of splitting them across processes computes the same experiment: env j draws the same
-action noise and lands in the same minibatches wherever it runs, so the number of processes only changes the speed. The algorithm comes first in this file; below the "Machinery" divider are input validation,
-checkpoints, preemption, evaluation and reports, which a researcher should not need to read.
+The global batch is world_size * local_num_envs * num_steps. With the same envs in the job (world_size *
+local_num_envs), every split of them across processes computes the same experiment: env j draws the same action
+noise and lands in the same minibatches wherever it runs, so the number of processes only changes the speed.
+The algorithm comes first in this file; below the "Machinery" divider are input validation, checkpoints,
+preemption, evaluation and reports, which a researcher should not need to read.
 """
 
 import hashlib

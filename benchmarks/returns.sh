@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/returns.sh cpu   # CPU-budget protocol: Breakout, 1M steps, 2 processes x 4 envs (fp32 seeds 1-4)
 #   bash benchmarks/returns.sh cpu-ale [SEED...]   # the same command with --vector-env ale (default seeds 1 2)
+#   bash benchmarks/returns.sh cpu-shared [SEED...]   # the fp32 command again, logged as 2x4-fp32-shared: the script
+#                                    # since its ranks share one random stream (default seeds 1 2)
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -10,8 +12,8 @@
 #   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-protocol="${1:?usage: returns.sh cpu|cpu-ale|gpu}"
-out="$root/benchmarks/results/learning-${protocol%-ale}"
+protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|gpu}"
+out="$root/benchmarks/results/learning-${protocol%%-*}"
 mkdir -p "$out"
 cd "$out"
 
@@ -38,6 +40,14 @@ cpu-ale)
         run 2 2x4-ale --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed" --vector-env ale
     done
     ;;
+cpu-shared)
+    shift
+    seeds=("$@")
+    [ ${#seeds[@]} -gt 0 ] || seeds=(1 2)
+    for seed in "${seeds[@]}"; do
+        run 2 2x4-fp32-shared --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed"
+    done
+    ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do
         for seed in 1 2 3; do
@@ -47,7 +57,7 @@ gpu)
     done
     ;;
 *)
-    echo "unknown protocol '$protocol' (cpu or gpu)" >&2
+    echo "unknown protocol '$protocol' (cpu, cpu-ale, cpu-shared or gpu)" >&2
     exit 2
     ;;
 esac

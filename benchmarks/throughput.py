@@ -27,6 +27,12 @@ agent steps/s per core of the Python stack in sync and async vector envs and of 
 1 and 2 threads); the script's rollout alone and the whole job of 1 process x 8, 16 and 32 envs with sync,
 ale and ale-double; and the reference's job as 2 x 4 and 1 x 8 with each. The 1 x 8 rollout pair (ale-double
 against sync) behind the 1.5x target runs `--repeats` times in all, alternating; the median ratio counts.
+
+    python benchmarks/throughput.py --against 778095b --repeats 4 --seconds 40
+
+measures what a change to the script costs: the reference's job (2 x 4, sync, fp32) with this script and with
+the script of a git revision, in `--repeats` pairs whose order alternates; it reports each run's steps/s and
+update time, their medians and the ratios of the medians.
 """
 
 import argparse
@@ -193,13 +199,14 @@ def measure_floor(config: Config, cores: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 # The real script
 # --------------------------------------------------------------------------------------------------
-def measure_script(config: Config, seconds: float, expected_sps: float, extra_args=(), num_steps=NUM_STEPS) -> dict:
+def measure_script(config: Config, seconds: float, expected_sps: float, extra_args=(), num_steps=NUM_STEPS,
+                   script: Path = ROOT / "ppo_atari_multigpu.py") -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     batch = config.procs * config.envs * num_steps
     iterations = max(4, round(expected_sps * seconds / batch))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           f"--nproc-per-node={config.procs}", str(ROOT / "ppo_atari_multigpu.py"),
+           f"--nproc-per-node={config.procs}", str(script),
            "--local-num-envs", str(config.envs), "--vector-env", config.vector_env, "--precision", config.precision,
            "--total-timesteps", str(iterations * batch), "--num-steps", str(num_steps), "--exp-name", "throughput",
            *extra_args]
@@ -257,6 +264,43 @@ def write_job_report(machine_name: str, machine: dict, rows: list, seconds: floa
     if best_fp32:
         lines.append(f"- fastest fp32: {best_fp32[0].name}, {best_fp32[1]['sps']:.0f} steps/s")
     lines.append(f"- fastest overall: {fastest[0].name}, {fastest[1]['sps']:.0f} steps/s")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_against_report(revision: str, machine_name: str, machine: dict, seconds: float, command: str,
+                       repeats: int) -> Path:
+    """The reference's job with this script and the script at `revision`, alternating."""
+    config = Config(2, 4, "sync", "fp32")
+    runs = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as folder:
+        before = Path(folder) / "ppo_atari_multigpu.py"  # the same name: the same run names and messages
+        before.write_text(subprocess.run(["git", "show", f"{revision}:ppo_atari_multigpu.py"], cwd=ROOT, check=True,
+                                         capture_output=True, text=True).stdout)
+        for pair in range(repeats):
+            for name in (("before", "after") if pair % 2 == 0 else ("after", "before")):
+                script = before if name == "before" else ROOT / "ppo_atari_multigpu.py"
+                runs[name].append(measure_script(config, seconds, expected_sps=400, script=script))
+                print(f"pair {pair + 1} {name}: {runs[name][-1]['sps']:.0f} steps/s, update "
+                      f"{runs[name][-1]['update_time']:.3f} s/iter", flush=True)
+    medians = {name: {key: statistics.median(run[key] for run in rows) for key in ("sps", "update_time", "rollout_time")}
+               for name, rows in runs.items()}
+    path = RESULTS / f"throughput-against-{revision}-{machine_name}.md"
+    lines = [f"# The reference's job (2 x 4, sync, fp32) with this script and with the script of {revision}", "",
+             f"Command: `{command}` ({seconds:.0f} s of training per run), {time.strftime('%Y-%m-%d')}.", "",
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+             "Steady-state agent steps/s of the whole job and the mean `perf/update_time` and `perf/rollout_time` per "
+             "iteration, read from each run's TensorBoard log. The runs alternate (the order flips every pair).", "",
+             "| pair | script | steps/s | update s/iter | rollout s/iter |", "|---|---|---|---|---|"]
+    for pair in range(repeats):
+        for name in ("before", "after"):
+            run = runs[name][pair]
+            lines.append(f"| {pair + 1} | {'this one' if name == 'after' else revision} | {run['sps']:.1f} | "
+                         f"{run['update_time']:.3f} | {run['rollout_time']:.3f} |")
+    lines += ["", f"Medians and ratios (this script / {revision}):", ""]
+    for key, label in (("sps", "steps/s"), ("update_time", "update s/iter"), ("rollout_time", "rollout s/iter")):
+        lines.append(f"- {label}: {medians['after'][key]:.3f} vs {medians['before'][key]:.3f}, ratio "
+                     f"{medians['after'][key] / medians['before'][key]:.3f}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -436,7 +480,9 @@ def main() -> None:
     parser.add_argument("--reference-job", action="store_true",
                         help="the reference's job in every configuration, script only (no floor)")
     parser.add_argument("--ale", action="store_true", help="--vector-env ale against the Python envs")
-    parser.add_argument("--repeats", type=int, default=3, help="with --ale: runs of the 1x8 rollout pair")
+    parser.add_argument("--repeats", type=int, default=3, help="with --ale or --against: runs of each pair")
+    parser.add_argument("--against", metavar="REV", help="the reference's job with this script and the script at "
+                        "git revision REV, alternating")
     opts = parser.parse_args()
 
     cores = os.cpu_count()
@@ -446,6 +492,9 @@ def main() -> None:
     command = ("python benchmarks/throughput.py " + " ".join(sys.argv[1:])).strip()
     if opts.ale:
         print(f"wrote {run_ale_report(machine_name, machine, opts.seconds, command, cores, opts.repeats)}")
+        return
+    if opts.against:
+        print(f"wrote {run_against_report(opts.against, machine_name, machine, opts.seconds, command, opts.repeats)}")
         return
     if opts.reference_job:
         rows = []

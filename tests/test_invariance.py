@@ -107,11 +107,11 @@ def test_float32_splits_take_the_same_actions_and_end_within_rounding(tmp_path_f
     assert torch.equal(actions, torch.cat([recorded(two, rank)["actions"][0] for rank in range(2)], dim=1))
     assert len(actions.unique()) == 4  # sampled, not one action everywhere
     # In float32 the two differ only in the order of sums. One iteration is 4 epochs x 2 minibatches = 8 Adam
-    # steps. Each step can round a weight differently by one unit in the last place (|w| < 1: 2^-24 ~ 6e-8)
-    # and turns a gradient difference d into a step difference of at most lr * d / eps; a rounding difference of
-    # a mean of 128 float32 terms below 1e-3 is d < ~128 * 2^-24 * 1e-3 ~ 8e-9, so lr * d / eps < 2e-7. Over 8
-    # steps: < 8 * (6e-8 + 2e-7) ~ 2e-6. The tolerance is 1e-5; a per-process normalisation or shuffle moves
-    # weights by ~lr = 2.5e-4 per step.
+    # steps. After each, a weight can round to float32 differently by one unit in the last place (|w| < 1:
+    # at most 2^-24 ~ 6e-8), at most 5e-7 over 8 steps. A relative rounding difference r of a gradient (float32
+    # sums of at most ~1e4 terms: r ~ 1e-6) moves Adam's step lr * m / (sqrt(v) + eps) by at most about lr * r
+    # = 2.5e-10 per step. So the parameters agree within ~5e-7 (measured: 5e-8). The tolerance is 20 times that,
+    # and 1/25 of lr = 2.5e-4, the size of a step that a per-process shuffle or normalisation would change.
     tolerance = 1e-5
     final_one, final_two = final_parameters(one), final_parameters(two)
     torch.manual_seed(1)  # the script's initial weights (--seed 1)

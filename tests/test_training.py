@@ -133,24 +133,20 @@ def test_speed_options_train(tmp_path, vector_env):
 
 @pytest.mark.parametrize("vector_env", ["sync", "ale"])
 def test_games_of_every_rank_reach_the_log(tmp_path, vector_env):
-    # Before the first update, rank 0 of a 2-process run plays exactly what a 1-process run with the same
-    # seed plays (same weights, same env seeds, same sampling seed). So the 2-process log of that first
-    # iteration must hold every game of the 1-process log, plus rank 1's games.
+    # 1 x 4 and 2 x 2 processes x envs play the same games (the same experiment: tests/test_invariance.py), so the
+    # 2-process log of the first iteration must hold every game of the 1-process log, those of rank 1's envs too.
     games = {}
-    for nproc, total in ((1, 512), (2, 1024)):
+    for nproc in (1, 2):
         cwd = tmp_path / str(nproc)
         cwd.mkdir()
-        args = ["--local-num-envs", "2", "--num-steps", "256", "--total-timesteps", str(total), "--vector-env", vector_env]
+        args = ["--local-num-envs", str(4 // nproc), "--num-steps", "256", "--total-timesteps", "1024",
+                "--vector-env", vector_env]
         result = run_python(args, cwd=cwd) if nproc == 1 else run_torchrun(2, args, cwd=cwd)
         assert result.returncode == 0, result.stderr
         logged = scalars(cwd)
-        games[nproc] = sorted(zip([v for _, v in logged["charts/episodic_return"]],
-                                  [v for _, v in logged["charts/episodic_length"]]))
-    assert games[1], "rank 0 must finish a game in the first iteration"
-    remaining = list(games[2])
-    for game in games[1]:
-        remaining.remove(game)  # each of rank 0's games is in the 2-process log
-    assert remaining, "rank 1's games are logged too"
+        games[nproc] = list(zip(logged["charts/episodic_return"], logged["charts/episodic_length"]))
+    assert len(games[1]) >= 4, "the envs must finish games in the first iteration"
+    assert games[2] == games[1]
 
 
 def test_nodes_that_pick_different_backends_are_refused_before_any_collective(tmp_path):
