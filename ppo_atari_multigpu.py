@@ -70,7 +70,7 @@ class Args:
     gae_lambda: float = 0.95  # the lambda for the general advantage estimation
     num_minibatches: int = 4  # minibatches per epoch; each takes num_steps / num_minibatches steps of every env
     update_epochs: int = 4  # the K epochs to update the policy
-    norm_adv: bool = True  # toggles advantages normalization (per minibatch, over all processes' share of it)
+    norm_adv: bool = True  # toggles advantages normalization (per minibatch, with the whole minibatch's statistics)
     clip_coef: float = 0.1  # the surrogate clipping coefficient
     clip_vloss: bool = True  # toggles a clipped loss for the value function, as per the paper
     ent_coef: float = 0.01  # coefficient of the entropy
