@@ -5,6 +5,8 @@
 #   bash benchmarks/returns.sh cpu-ale [SEED...]   # the same command with --vector-env ale (default seeds 1 2)
 #   bash benchmarks/returns.sh cpu-shared [SEED...]   # the fp32 command again, logged as 2x4-fp32-shared: the script
 #                                    # since its ranks share one random stream (default seeds 1 2)
+#   bash benchmarks/returns.sh cpu-10m   # the published scale on the CPU: Breakout, 10M steps, 2 processes x 4 envs,
+#                                    # seed 1, every other setting default; the same command continues it (--resume auto)
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -12,8 +14,10 @@
 #   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|gpu}"
-out="$root/benchmarks/results/learning-${protocol%%-*}"
+protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|cpu-10m|gpu}"
+folder="${protocol%%-*}"
+[ "$protocol" = cpu-10m ] && folder=10m
+out="$root/benchmarks/results/learning-$folder"
 mkdir -p "$out"
 cd "$out"
 
@@ -48,6 +52,9 @@ cpu-shared)
         run 2 2x4-fp32-shared --env-id BreakoutNoFrameskip-v4 --total-timesteps 1000000 --local-num-envs 4 --seed "$seed"
     done
     ;;
+cpu-10m)
+    run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --local-num-envs 4 --seed 1 --resume auto
+    ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do
         for seed in 1 2 3; do
@@ -57,7 +64,7 @@ gpu)
     done
     ;;
 *)
-    echo "unknown protocol '$protocol' (cpu, cpu-ale, cpu-shared or gpu)" >&2
+    echo "unknown protocol '$protocol' (cpu, cpu-ale, cpu-shared, cpu-10m or gpu)" >&2
     exit 2
     ;;
 esac

@@ -20,13 +20,13 @@ COMMON = ["--num-steps", str(NUM_STEPS), "--num-minibatches", str(NUM_MINIBATCHE
 RUN_ID = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1"
 
 
-def run_split(cwd, nproc: int, *extra, iterations=ITERATIONS, dtype="float64", script=SCRIPT):
+def run_split(cwd, nproc: int, *extra, iterations=ITERATIONS, dtype="float64"):
     """Run the script as `nproc` processes x ENVS / nproc envs; return its folder (TensorBoard log,
     checkpoints, and what each rank recorded under record/)."""
     args = [*COMMON, "--local-num-envs", str(ENVS // nproc), "--total-timesteps", str(iterations * ENVS * NUM_STEPS),
             *extra]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}",
-               str(LAUNCHER), str(script), *args]
+               str(LAUNCHER), str(SCRIPT), *args]
     env = {**script_env(), "PPO_TEST_DTYPE": dtype, "PPO_TEST_RECORD": str(cwd / "record")}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -77,7 +77,7 @@ def test_every_split_of_the_envs_computes_the_same_experiment(tmp_path_factory, 
     split = run_once(tmp_path_factory, f"{nproc}x{ENVS // nproc}", nproc)
     logged = assert_same_experiment(one, split)
     assert max(kl for _, kl in logged["losses/approx_kl"]) > 1e-5  # the updates did move the policy
-    # The ranks' columns of the job's noise are the job's noise: rank r used envs r * n .. (r + 1) * n - 1.
+    # Rank r's actions are the 1-process run's actions of envs r * n .. (r + 1) * n - 1, in every iteration.
     whole = recorded(one, 0)["actions"]
     parts = [recorded(split, rank)["actions"] for rank in range(nproc)]
     for iteration in range(ITERATIONS):
