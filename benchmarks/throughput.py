@@ -31,8 +31,10 @@ against sync) behind the 1.5x target runs `--repeats` times in all, alternating;
     python benchmarks/throughput.py --against 778095b --repeats 4 --seconds 40
 
 measures what a change to the script costs: the reference's job (2 x 4, sync, fp32) with this script and with
-the script of a git revision, in `--repeats` pairs whose order alternates; it reports each run's steps/s and
-update time, their medians and the ratios of the medians.
+the script of a git revision, in `--repeats` pairs whose order alternates. Pair i runs --seed i in both: what a
+short run costs depends on its games (lost lives add emulator frames, and the slower rank's env time is the
+other's wait), so each pair compares the same seed and the pairs average over seeds. It reports each run's
+steps/s, update, rollout and env time, their medians and the ratios of the medians.
 """
 
 import argparse
@@ -280,25 +282,27 @@ def run_against_report(revision: str, machine_name: str, machine: dict, seconds:
         for pair in range(repeats):
             for name in (("before", "after") if pair % 2 == 0 else ("after", "before")):
                 script = before if name == "before" else ROOT / "ppo_atari_multigpu.py"
-                runs[name].append(measure_script(config, seconds, expected_sps=400, script=script))
+                runs[name].append(measure_script(config, seconds, expected_sps=400, script=script,
+                                                 extra_args=("--seed", str(pair + 1))))
                 print(f"pair {pair + 1} {name}: {runs[name][-1]['sps']:.0f} steps/s, update "
                       f"{runs[name][-1]['update_time']:.3f} s/iter", flush=True)
-    medians = {name: {key: statistics.median(run[key] for run in rows) for key in ("sps", "update_time", "rollout_time")}
-               for name, rows in runs.items()}
+    keys = ("sps", "update_time", "rollout_time", "env_time")
+    medians = {name: {key: statistics.median(run[key] for run in rows) for key in keys} for name, rows in runs.items()}
     path = RESULTS / f"throughput-against-{revision}-{machine_name}.md"
     lines = [f"# The reference's job (2 x 4, sync, fp32) with this script and with the script of {revision}", "",
              f"Command: `{command}` ({seconds:.0f} s of training per run), {time.strftime('%Y-%m-%d')}.", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
-             "Steady-state agent steps/s of the whole job and the mean `perf/update_time` and `perf/rollout_time` per "
-             "iteration, read from each run's TensorBoard log. The runs alternate (the order flips every pair).", "",
-             "| pair | script | steps/s | update s/iter | rollout s/iter |", "|---|---|---|---|---|"]
+             "Steady-state agent steps/s of the whole job and the mean `perf/update_time`, `perf/rollout_time` and "
+             "`perf/env_time` per iteration (rank 0), read from each run's TensorBoard log. Pair i runs `--seed i` with "
+             "both scripts; the order flips every pair.", "",
+             "| pair (seed) | script | steps/s | update s/iter | rollout s/iter | env s/iter |", "|---|---|---|---|---|---|"]
     for pair in range(repeats):
         for name in ("before", "after"):
             run = runs[name][pair]
             lines.append(f"| {pair + 1} | {'this one' if name == 'after' else revision} | {run['sps']:.1f} | "
-                         f"{run['update_time']:.3f} | {run['rollout_time']:.3f} |")
+                         f"{run['update_time']:.3f} | {run['rollout_time']:.3f} | {run['env_time']:.3f} |")
     lines += ["", f"Medians and ratios (this script / {revision}):", ""]
-    for key, label in (("sps", "steps/s"), ("update_time", "update s/iter"), ("rollout_time", "rollout s/iter")):
+    for key, label in zip(keys, ("steps/s", "update s/iter", "rollout s/iter", "env s/iter")):
         lines.append(f"- {label}: {medians['after'][key]:.3f} vs {medians['before'][key]:.3f}, ratio "
                      f"{medians['after'][key] / medians['before'][key]:.3f}")
     path.write_text("\n".join(lines) + "\n")
