@@ -6,15 +6,19 @@ Runs are found recursively (any folder holding an events file) and grouped by en
 configuration, both read from the run name `<env_id>__<exp_name>__<seed>__<time>` (the exp_name is the
 configuration). For each group: mean +- std over seeds of the mean return of each run's last 100 games,
 a 95% confidence interval for that mean (Student's t over seeds), the steps reached, wall time and
-steps/s; the mean return of each seed's games in every window of --window steps (200k by default); and per
-environment a PNG with the return against global steps and against wall time (mean over seeds, with a
-band from the lowest to the highest seed). With --baseline CONFIG, each other configuration of the same
+steps/s; the mean return of each seed's games in every window of --window steps (200k by default; with
+--windows-at, only the windows ending at those steps); and per environment a PNG with the return against
+global steps and against wall time (mean over seeds, with a band from the lowest to the highest seed; with
+--published MEAN STD, a band for a published result). Wall time counts only the time the run was logging:
+a resumed run writes each session to a new events file, and the gaps between those files are left out.
+With --baseline CONFIG, each other configuration of the same
 environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
 how many of its seeds fall inside the baseline's 95% confidence interval of the mean and inside its 95%
 prediction interval (where one more baseline seed would fall).
 """
 
 import argparse
+import warnings
 from collections import defaultdict
 from itertools import combinations
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 LAST_GAMES = 100
 # Two-sided 95% quantiles of Student's t for 1..20 degrees of freedom (above: the normal 1.96).
@@ -84,18 +89,31 @@ def read_run(folder: Path) -> Run:
     env_id, config, seed = (parts + ["?"] * 3)[:3]
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
-    tags = acc.Tags()["scalars"]
-    events = {tag: acc.Scalars(tag) for tag in tags}
-    start = min(e[0].wall_time for e in events.values() if e)
-    end = max(e[-1].wall_time for e in events.values() if e)
-    games = events.get("charts/episodic_return", [])
-    progress = events.get("charts/SPS", [])
+    games = acc.Scalars("charts/episodic_return") if "charts/episodic_return" in acc.Tags()["scalars"] else []
+    progress = acc.Scalars("charts/SPS") if "charts/SPS" in acc.Tags()["scalars"] else []
+    segments = sorted(filter(None, map(file_span, folder.glob("events.out.tfevents.*"))))
     return Run(
         path=folder, env_id=env_id, config=config, seed=seed,
-        steps=np.array([e.step for e in games]), wall=np.array([e.wall_time - start for e in games]),
+        steps=np.array([e.step for e in games]),
+        wall=active_seconds(np.array([e.wall_time for e in games]), segments),
         returns=np.array([e.value for e in games]),
-        steps_reached=max([e.step for e in progress] or [0]), wall_seconds=end - start,
+        steps_reached=max([e.step for e in progress] or [0]),
+        wall_seconds=sum(end - start for start, end in segments),
     )
+
+
+def file_span(path: Path) -> tuple:
+    """The wall times of the first and the last value logged in one events file (one session of a run)."""
+    times = [event.wall_time for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
+    return (min(times), max(times)) if times else None
+
+
+def active_seconds(times: np.ndarray, segments: list) -> np.ndarray:
+    """Seconds of logging before each of `times`, leaving out the gaps between the sorted (start, end) segments."""
+    starts, ends = np.array(segments, dtype=float).reshape(-1, 2).T
+    before = np.concatenate([[0.0], np.cumsum(ends - starts)[:-1]])  # logged in the earlier segments
+    k = np.clip(np.searchsorted(starts, times, side="right") - 1, 0, None)
+    return before[k] + np.clip(times - starts[k], 0, ends[k] - starts[k])
 
 
 def table(runs: list) -> str:
@@ -139,14 +157,16 @@ def baseline_table(runs: list, baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def window_table(runs: list, window: int) -> str:
-    """Per env and configuration: each seed's mean return over the games that ended in each window of steps."""
+def window_table(runs: list, window: int, ends=None) -> str:
+    """Per env and configuration: each seed's mean return over the games that ended in each window of steps
+    (every window, or the windows ending at `ends`)."""
     lines = []
     groups = defaultdict(list)
     for run in runs:
         groups[(run.env_id, run.config)].append(run)
     for (env_id, config), group in sorted(groups.items()):
-        edges = range(0, max(run.steps_reached for run in group), window)
+        edges = ([end - window for end in ends] if ends
+                 else range(0, max(run.steps_reached for run in group), window))
         rows = [[float(np.mean(run.returns[(run.steps >= lo) & (run.steps < lo + window)]))
                  if np.any((run.steps >= lo) & (run.steps < lo + window)) else float("nan") for lo in edges]
                 for run in group]
@@ -170,7 +190,7 @@ def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(position >= 0, running[np.clip(position, 0, None)], np.nan)
 
 
-def plot(runs: list, out: Path) -> list:
+def plot(runs: list, out: Path, published=None) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,15 +209,20 @@ def plot(runs: list, out: Path) -> list:
                 grid = np.linspace(0, end, 200)
                 curves = np.array([smoothed(run, getattr(run, axis), grid) for run in group])
                 scale = 1 if axis == "steps" else 1 / 60
-                with np.errstate(all="ignore"):
-                    mean = np.nanmean(curves, axis=0)
+                with warnings.catch_warnings():  # before the first game every seed's curve is NaN
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    mean, low, high = (np.nanmean(curves, axis=0), np.nanmin(curves, axis=0),
+                                       np.nanmax(curves, axis=0))
                 line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seed{'s' if len(group) > 1 else ''})")
                 if len(group) > 1:
-                    ax.fill_between(grid * scale, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0),
-                                    color=line.get_color(), alpha=0.2)
+                    ax.fill_between(grid * scale, low, high, color=line.get_color(), alpha=0.2)
         axes[0].set_xlabel("global step")
         axes[1].set_xlabel("wall time (minutes)")
         for ax in axes:
+            if published:
+                published_mean, published_std = published
+                ax.axhspan(published_mean - published_std, published_mean + published_std, color="grey", alpha=0.25,
+                           label=f"published: {published_mean:g} +- {published_std:g} (mean +- std over seeds)")
             ax.set_ylabel(f"episodic return (mean of last {LAST_GAMES})")
             ax.grid(alpha=0.3)
             ax.legend()
@@ -216,6 +241,10 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for learning.md and the PNG curves")
     parser.add_argument("--title", default="Learning results")
     parser.add_argument("--window", type=int, default=200_000, help="steps per window of the per-seed table")
+    parser.add_argument("--windows-at", type=int, nargs="+", metavar="STEP",
+                        help="show only the windows ending at these steps (e.g. 1000000 10000000)")
+    parser.add_argument("--published", type=float, nargs=2, metavar=("MEAN", "STD"),
+                        help="draw a published result (mean +- std over its seeds) as a band on the curves")
     parser.add_argument("--baseline", help="configuration (exp_name) to set the others against")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
@@ -225,10 +254,10 @@ def main() -> None:
         raise SystemExit(f"report.py: error: --baseline {opts.baseline} needs at least 2 seeds of that configuration")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    images = plot(runs, out)
+    images = plot(runs, out, opts.published)
     text = (f"# {opts.title}\n\n" + table(runs) + "\n"
             + (baseline_table(runs, opts.baseline) + "\n" if opts.baseline else "")
-            + window_table(runs, opts.window) + "\n"
+            + window_table(runs, opts.window, opts.windows_at) + "\n"
             + "".join(f"![{p.stem}]({p.name})\n" for p in images))
     (out / "learning.md").write_text(text)
     print(text)

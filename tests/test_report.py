@@ -75,3 +75,45 @@ def test_baseline_statistics_worked_by_hand():
     # 1, 2, 3, 4: mean 2.5, sample std sqrt(5/3); t(0.975, 3) = 3.182; 3.182 * sqrt(5/3) * sqrt(1 + 1/4) = 4.5928
     low, high = report.prediction_interval([1, 2, 3, 4])
     assert np.isclose(low, 2.5 - 4.5928, atol=1e-4) and np.isclose(high, 2.5 + 4.5928, atol=1e-4)
+
+
+def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
+    # A run resumed in a later session writes a second events file into its folder; the hours between the
+    # sessions are not the run's. Session 1 logs from wall time 1000 to 1100, session 2 from 5000 to 5200.
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "runs" / "BreakoutNoFrameskip-v4__resumed__1__1000"
+    sessions = [[("charts/SPS", 1, 100, 1000), ("charts/episodic_return", 1, 150, 1050),
+                 ("charts/episodic_return", 3, 180, 1090), ("charts/SPS", 1, 200, 1100)],
+                [("charts/SPS", 1, 300, 5000), ("charts/episodic_return", 5, 350, 5100),
+                 ("charts/SPS", 1, 400, 5200)]]
+    for session in sessions:
+        writer = SummaryWriter(str(folder))
+        for tag, value, step, wall_time in session:
+            writer.add_scalar(tag, value, step, walltime=wall_time)
+        writer.close()
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 2
+    run = report.read_run(folder)
+    assert run.wall_seconds == 100 + 200 and run.steps_reached == 400
+    # Games at 1050 and 1090: 50 and 90 s into session 1; at 5100: 100 s of session 1 + 100 s into session 2.
+    assert np.allclose(run.wall, [50, 90, 200])
+
+    # The windows ending at 200 and 400 steps, 100 steps wide: games 1 and 3 in the first, game 5 in the second.
+    out = tmp_path / "report"
+    command = [sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path / "runs"), "--out", str(out),
+               "--window", "100", "--windows-at", "200", "400"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = (out / "learning.md").read_text()
+    assert "| seed | 0.0001M-0.0002M | 0.0003M-0.0004M |\n|---|---|---|\n| 1 | 2.00 | 5.00 |" in table
+    # 400 steps in 300 s of running: 1 steps/s (with the gap: 400 / 4200 s, which would print 0)
+    row = next(line for line in table.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | resumed |"))
+    assert row.endswith("| 400 | 5 min | 1 |"), row
+
+    # The published band is drawn: the same curves with and without it are different pictures.
+    png = out / "learning-BreakoutNoFrameskip-v4.png"
+    without = png.read_bytes()
+    result = subprocess.run(command + ["--published", "4", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    band_drawn = png.read_bytes() != without
+    assert band_drawn, "--published left the picture as it was"
