@@ -486,7 +486,8 @@ def draw_minibatches(generator: torch.Generator, epochs: int, num_envs: int, num
     steps, and minibatch m takes the m-th slice of each env's permutation. Returns step indices of shape
     (epochs, num_minibatches, num_envs, num_steps // num_minibatches)."""
     # ALGO LOGIC: minibatches
-    order = torch.rand(epochs, num_envs, num_steps, generator=generator, dtype=torch.float64).argsort(dim=-1, stable=True)
+    noise = torch.rand(epochs, num_envs, num_steps, generator=generator, dtype=torch.float64)
+    order = noise.argsort(dim=-1, stable=True)
     return order.view(epochs, num_envs, num_minibatches, -1).transpose(1, 2)
 
 
