@@ -7,6 +7,7 @@
 #                                    # since its ranks share one random stream (default seeds 1 2)
 #   bash benchmarks/returns.sh cpu-10m   # the published scale on the CPU: Breakout, 10M steps, 2 processes x 4 envs,
 #                                    # seed 1, every other setting default; the same command continues it (--resume auto)
+#                                    # and, once the run has finished, plays 30 games with its final model
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -53,7 +54,11 @@ cpu-shared)
     done
     ;;
 cpu-10m)
-    run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --local-num-envs 4 --seed 1 --resume auto
+    # One run over several sessions: its console is appended to console.txt.
+    run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt
+    # Reached once the run has finished: 30 whole games of the final model, actions sampled.
+    python "$root/ppo_atari_multigpu.py" --eval-checkpoint checkpoints/BreakoutNoFrameskip-v4__2x4-fp32__1/final_model.pt \
+        --eval-episodes 30 2>&1 | tee eval-final-model.txt
     ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do
