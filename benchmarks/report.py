@@ -222,10 +222,10 @@ def plot(runs: list, out: Path, published=None) -> list:
             if published:
                 published_mean, published_std = published
                 ax.axhspan(published_mean - published_std, published_mean + published_std, color="grey", alpha=0.25,
-                           label=f"published: {published_mean:g} +- {published_std:g} (mean +- std over seeds)")
+                           label=f"published {published_mean:g} +- {published_std:g}")
             ax.set_ylabel(f"episodic return (mean of last {LAST_GAMES})")
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(loc="lower right")  # curves rise: the top (where a published band lies) stays clear
         fig.suptitle(env_id)
         fig.tight_layout()
         path = out / f"learning-{env_id}.png"
