@@ -5,9 +5,10 @@
 #   bash benchmarks/returns.sh cpu-ale [SEED...]   # the same command with --vector-env ale (default seeds 1 2)
 #   bash benchmarks/returns.sh cpu-shared [SEED...]   # the fp32 command again, logged as 2x4-fp32-shared: the script
 #                                    # since its ranks share one random stream (default seeds 1 2)
-#   bash benchmarks/returns.sh cpu-10m   # the published scale on the CPU: Breakout, 10M steps, 2 processes x 4 envs,
-#                                    # seed 1, every other setting default; the same command continues it (--resume auto)
-#                                    # and, once the run has finished, plays 30 games with its final model
+#   bash benchmarks/returns.sh cpu-10m [ENV_ID]   # the published scale on the CPU: 10M steps, 2 processes x 4 envs,
+#                                    # seed 1, every other setting default (ENV_ID default BreakoutNoFrameskip-v4);
+#                                    # the same command continues it (--resume auto) and, once the run has finished,
+#                                    # plays 30 games with its final model
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -54,10 +55,16 @@ cpu-shared)
     done
     ;;
 cpu-10m)
-    # One run over several sessions: its console is appended to console.txt.
-    run 2 2x4-fp32 --env-id BreakoutNoFrameskip-v4 --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt
+    # One run over several sessions (the same command continues it with --resume auto). Its working folder
+    # (checkpoints, TensorBoard log, console) lies outside the clone, in $RUNS_DIR (default ~/ppo-runs): only
+    # text results are committed.
+    env_id="${2:-BreakoutNoFrameskip-v4}"
+    work="${RUNS_DIR:-$HOME/ppo-runs}/10m-$env_id"
+    mkdir -p "$work"
+    cd "$work"
+    run 2 2x4-fp32 --env-id "$env_id" --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt
     # Reached once the run has finished: 30 whole games of the final model, actions sampled.
-    python "$root/ppo_atari_multigpu.py" --eval-checkpoint checkpoints/BreakoutNoFrameskip-v4__2x4-fp32__1/final_model.pt \
+    python "$root/ppo_atari_multigpu.py" --eval-checkpoint "checkpoints/${env_id}__2x4-fp32__1/final_model.pt" \
         --eval-episodes 30 2>&1 | tee eval-final-model.txt
     ;;
 gpu)
