@@ -1,9 +1,10 @@
-"""Summarise TensorBoard runs of ppo_atari_multigpu.py: a markdown table and learning curves.
+"""Summarise runs of ppo_atari_multigpu.py: a markdown table and learning curves.
 
     python benchmarks/report.py benchmarks/results/learning-cpu/runs --out benchmarks/results/learning-cpu
 
-Runs are found recursively (any folder holding an events file) and grouped by environment and
-configuration, both read from the run name `<env_id>__<exp_name>__<seed>__<time>` (the exp_name is the
+Runs are found recursively: a folder holding TensorBoard events files, or the text files that
+benchmarks/to_text.py writes from them (games.csv.gz, iterations.csv.gz; the results committed here). Both
+give the same tables. They are grouped by environment and configuration, both read from the run name `<env_id>__<exp_name>__<seed>__<time>` (the exp_name is the
 configuration). For each group: mean +- std over seeds of the mean return of each run's last 100 games,
 a 95% confidence interval for that mean (Student's t over seeds), the steps reached, wall time and
 steps/s; the mean return of each seed's games in every window of --window steps (200k by default; with
@@ -18,6 +19,8 @@ prediction interval (where one more baseline seed would fall).
 """
 
 import argparse
+import csv
+import gzip
 import warnings
 from collections import defaultdict
 from itertools import combinations
@@ -29,6 +32,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 LAST_GAMES = 100
+GAME_TAGS = ("charts/episodic_return", "charts/episodic_length")
 # Two-sided 95% quantiles of Student's t for 1..20 degrees of freedom (above: the normal 1.96).
 T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086]
@@ -80,13 +84,37 @@ class Run:
 
 
 def find_runs(roots) -> list:
-    folders = sorted({p.parent for root in roots for p in Path(root).rglob("events.out.tfevents.*")})
-    return [read_run(folder) for folder in folders]
+    """Every run under `roots`; a folder holding both forms is read from its events files."""
+    events = {p.parent for root in roots for p in Path(root).rglob("events.out.tfevents.*")}
+    texts = {p.parent for root in roots for p in Path(root).rglob("games.csv.gz")} - events
+    return [read_run(folder) for folder in sorted(events)] + [read_text_run(folder) for folder in sorted(texts)]
+
+
+def run_labels(folder: Path) -> tuple:
+    """env id, configuration (exp_name) and seed, from the run name `<env_id>__<exp_name>__<seed>__<time>`."""
+    parts = folder.name.split("__")
+    return tuple((parts + ["?"] * 3)[:3])
+
+
+def read_text_run(folder: Path) -> Run:
+    """A run as to_text.py stores it: `seconds` already leaves out the gaps between sessions."""
+    with gzip.open(folder / "games.csv.gz", "rt", newline="") as f:
+        games = list(csv.DictReader(f))
+    with gzip.open(folder / "iterations.csv.gz", "rt", newline="") as f:
+        iterations = list(csv.DictReader(f))
+    env_id, config, seed = run_labels(folder)
+    return Run(
+        path=folder, env_id=env_id, config=config, seed=seed,
+        steps=np.array([int(g["step"]) for g in games]),
+        wall=np.array([float(g["seconds"]) for g in games]),
+        returns=np.array([float(g["return"]) for g in games]),
+        steps_reached=int(iterations[-1]["step"]) if iterations else 0,
+        wall_seconds=float(iterations[-1]["seconds"]) if iterations else 0.0,
+    )
 
 
 def read_run(folder: Path) -> Run:
-    parts = folder.name.split("__")
-    env_id, config, seed = (parts + ["?"] * 3)[:3]
+    env_id, config, seed = run_labels(folder)
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
     games = acc.Scalars("charts/episodic_return") if "charts/episodic_return" in acc.Tags()["scalars"] else []
@@ -110,6 +138,7 @@ def file_span(path: Path) -> tuple:
 
 def active_seconds(times: np.ndarray, segments: list) -> np.ndarray:
     """Seconds of logging before each of `times`, leaving out the gaps between the sorted (start, end) segments."""
+    times = np.asarray(times, dtype=float)
     starts, ends = np.array(segments, dtype=float).reshape(-1, 2).T
     before = np.concatenate([[0.0], np.cumsum(ends - starts)[:-1]])  # logged in the earlier segments
     k = np.clip(np.searchsorted(starts, times, side="right") - 1, 0, None)
@@ -237,7 +266,7 @@ def plot(runs: list, out: Path, published=None) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("roots", nargs="+", help="folders to search for TensorBoard runs")
+    parser.add_argument("roots", nargs="+", help="folders to search for runs (TensorBoard or text)")
     parser.add_argument("--out", required=True, help="folder for learning.md and the PNG curves")
     parser.add_argument("--title", default="Learning results")
     parser.add_argument("--window", type=int, default=200_000, help="steps per window of the per-seed table")
@@ -249,7 +278,7 @@ def main() -> None:
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
     if not runs:
-        raise SystemExit(f"report.py: error: no TensorBoard runs under {', '.join(opts.roots)}")
+        raise SystemExit(f"report.py: error: no runs (TensorBoard or text) under {', '.join(opts.roots)}")
     if opts.baseline and sum(run.config == opts.baseline for run in runs) < 2:
         raise SystemExit(f"report.py: error: --baseline {opts.baseline} needs at least 2 seeds of that configuration")
     out = Path(opts.out)

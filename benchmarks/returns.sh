@@ -56,16 +56,20 @@ cpu-shared)
     ;;
 cpu-10m)
     # One run over several sessions (the same command continues it with --resume auto). Its working folder
-    # (checkpoints, TensorBoard log, console) lies outside the clone, in $RUNS_DIR (default ~/ppo-runs): only
-    # text results are committed.
+    # (checkpoints, TensorBoard log, console) lies outside the clone, in $RUNS_DIR (default ~/ppo-runs); after
+    # every part the run is stored as text in the results folder (to_text.py), with its console.
     env_id="${2:-BreakoutNoFrameskip-v4}"
     work="${RUNS_DIR:-$HOME/ppo-runs}/10m-$env_id"
     mkdir -p "$work"
     cd "$work"
-    run 2 2x4-fp32 --env-id "$env_id" --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt
+    status=0
+    run 2 2x4-fp32 --env-id "$env_id" --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt || status=$?
+    python "$root/benchmarks/to_text.py" runs --out "$out/runs"
+    cp console.txt "$out/console-$env_id.txt"
+    [ "$status" = 0 ] || exit "$status"  # interrupted: continue it with the same command
     # Reached once the run has finished: 30 whole games of the final model, actions sampled.
     python "$root/ppo_atari_multigpu.py" --eval-checkpoint "checkpoints/${env_id}__2x4-fp32__1/final_model.pt" \
-        --eval-episodes 30 2>&1 | tee eval-final-model.txt
+        --eval-episodes 30 2>&1 | tee "$out/eval-$env_id.txt"
     ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do

@@ -1,5 +1,6 @@
 """benchmarks/report.py on TensorBoard files written by real runs of the script."""
 
+import gzip
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,9 @@ from conftest import ROOT, run_python
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import report  # noqa: E402
+import to_text  # noqa: E402
+
+REPORT, TO_TEXT = str(ROOT / "benchmarks" / "report.py"), str(ROOT / "benchmarks" / "to_text.py")
 
 
 def test_report_tables_and_plots_real_runs(tmp_path):
@@ -47,6 +51,21 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "![learning-BreakoutNoFrameskip-v4](learning-BreakoutNoFrameskip-v4.png)" in table
 
+    # Stored as text (what the repository keeps), the same runs give the same report.
+    result = subprocess.run([sys.executable, TO_TEXT, str(tmp_path / "runs"), "--out", str(tmp_path / "text")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert not list((tmp_path / "text").rglob("events.out.tfevents.*"))
+    result = subprocess.run([sys.executable, REPORT, str(tmp_path / "text"), "--out", str(tmp_path / "from-text"),
+                             "--window", "256"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "from-text" / "learning.md").read_text() == table
+    # ... and every logged loss and game, value by value (what compare_runs.py checks a refactoring with).
+    run = sorted((tmp_path / "runs").iterdir())[0]
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_runs.py"), str(run),
+                             str(tmp_path / "text" / run.name)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
+
     # The same two runs again under another configuration, set against the first: no difference at all.
     for run in sorted((tmp_path / "runs").iterdir()):
         shutil.copytree(run, tmp_path / "runs" / run.name.replace("__tiny__", "__tiny-copy__"))
@@ -63,7 +82,7 @@ def test_report_tables_and_plots_real_runs(tmp_path):
 def test_report_refuses_an_empty_folder(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path),
                              "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and "no TensorBoard runs" in result.stderr
+    assert result.returncode != 0 and "no runs (TensorBoard or text)" in result.stderr
 
 
 def test_baseline_statistics_worked_by_hand():
@@ -91,6 +110,8 @@ def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
         writer = SummaryWriter(str(folder))
         for tag, value, step, wall_time in session:
             writer.add_scalar(tag, value, step, walltime=wall_time)
+            if tag == "charts/episodic_return":
+                writer.add_scalar("charts/episodic_length", 100 * value, step, walltime=wall_time)
         writer.close()
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2
     run = report.read_run(folder)
@@ -117,3 +138,17 @@ def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
     assert result.returncode == 0, result.stderr
     band_drawn = png.read_bytes() != without
     assert band_drawn, "--published left the picture as it was"
+
+    # As text, with one iteration row kept: the games keep their seconds and the last iteration is always kept,
+    # so steps reached (400) and wall time (300 s) stay; converting again writes the same bytes.
+    text_folder = tmp_path / "text" / folder.name
+    to_text.convert(folder, text_folder, max_rows=1)
+    first = {p.name: p.read_bytes() for p in text_folder.iterdir()}
+    to_text.convert(folder, text_folder, max_rows=1)
+    assert {p.name: p.read_bytes() for p in text_folder.iterdir()} == first
+    stored = report.read_text_run(text_folder)
+    assert stored.wall_seconds == 300 and stored.steps_reached == 400
+    assert np.allclose(stored.wall, [50, 90, 200]) and list(stored.steps) == [150, 180, 350]
+    assert list(stored.returns) == [1, 3, 5]
+    with gzip.open(text_folder / "games.csv.gz", "rt") as f:
+        assert f.read().splitlines()[1:] == ["50.000,150,1.0,100", "90.000,180,3.0,300", "200.000,350,5.0,500"]
