@@ -15,8 +15,7 @@ Evaluate a saved policy:
 The global batch is world_size * local_num_envs * num_steps. With the same envs in the job (world_size *
 local_num_envs), every split of them across processes computes the same experiment: env j draws the same action
 noise and lands in the same minibatches wherever it runs, so the number of processes only changes the speed.
-The algorithm comes first in this file; below the "Machinery" divider are input validation, checkpoints,
-preemption, evaluation and reports, which a researcher should not need to read.
+The algorithm comes first; below the "Machinery" divider is what changes nothing it computes.
 """
 
 import hashlib
@@ -31,6 +30,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -65,7 +65,7 @@ class Args:
     learning_rate: float = 2.5e-4  # the learning rate of the optimizer
     local_num_envs: int = 8  # the number of parallel environments in each process
     num_steps: int = 128  # the number of steps to run in each environment per policy rollout
-    anneal_lr: bool = True  # toggle learning rate annealing (linear, to zero at the last iteration)
+    anneal_lr: bool = True  # toggle learning rate annealing (linear: the full rate first, lr / num_iterations last)
     gamma: float = 0.99  # the discount factor gamma
     gae_lambda: float = 0.95  # the lambda for the general advantage estimation
     num_minibatches: int = 4  # minibatches per epoch; each takes num_steps / num_minibatches steps of every env
@@ -178,13 +178,10 @@ class FireReset(gym.Wrapper):
 
 def make_env(env_id: str, record_video_dir: Optional[str] = None):
     def thunk():
-        env = gym.make(
-            env_id,
-            obs_type="grayscale",  # ALE's own luminance, before the max over frames (as AtariPreprocessing)
-            frameskip=1,  # v5 ids skip 4 frames and repeat actions themselves: the classic settings instead
-            repeat_action_probability=0.0,
-            render_mode="rgb_array" if record_video_dir else None,
-        )
+        # Grey from ALE's own luminance, before the max over frames (as AtariPreprocessing); frameskip 1 and no
+        # sticky actions: v5 ids skip 4 frames and repeat actions themselves, these are the classic settings.
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0,
+                       render_mode="rgb_array" if record_video_dir else None)
         if record_video_dir:
             env = gym.wrappers.RecordVideo(env, record_video_dir, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)  # innermost: whole-game, unclipped returns
@@ -207,80 +204,6 @@ def make_vector_env(env_id: str, num_envs: int, record_video_dir: Optional[str] 
     thunks = [make_env(env_id, record_video_dir if i == 0 else None) for i in range(num_envs)]
     vector_env = gym.vector.AsyncVectorEnv if kind == "async" else gym.vector.SyncVectorEnv
     return vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-
-
-class AtariVectorGames(gym.vector.VectorWrapper):
-    """ale-py's C++ vector env (its threads run the emulators and the 84x84 grey, max-and-skip 4, 4-frame
-    preprocessing) with the learning episodes of the Python stack: a lost life ends the learning episode while
-    the game goes on, the learner sees sign-clipped rewards, and finished games are reported whole and
-    unclipped under infos["final_info"]["episode"] (length in frames: 4 per agent step)."""
-
-    def __init__(self, env_id: str, num_envs: int, num_threads: int):
-        kwargs = gym.spec(env_id).kwargs
-        # episodic_life=False: ale-py's own episodic life restarts the game at a lost life; lives are watched here.
-        super().__init__(ale_py.AtariVectorEnv(
-            kwargs["game"], num_envs, num_threads=num_threads, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-            max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108_000), frameskip=4,
-            repeat_action_probability=0.0, noop_max=30, use_fire_reset=True, episodic_life=False,
-            reward_clipping=False))
-        self.num_threads = num_threads
-        self.returns, self.steps, self.lives = np.zeros(num_envs), np.zeros(num_envs, np.int64), None
-
-    def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=None if seed is None else np.asarray(seed), options=options)
-        self.returns[:], self.steps[:], self.lives = 0, 0, info["lives"]
-        return obs, info
-
-    def step_async(self, actions: np.ndarray) -> None:
-        self.env.send(actions)  # the C++ threads step the envs meanwhile
-
-    def step_wait(self):
-        obs, rewards, terminations, truncations, info = self.env.recv()
-        game_over = terminations | truncations  # the env has already started the next game (SAME_STEP)
-        self.returns += rewards
-        self.steps += 1
-        life_lost = ~game_over & (info["lives"] < self.lives)
-        self.lives = info["lives"]
-        if game_over.any():
-            info["final_info"] = {"episode": {"r": self.returns.copy(), "l": 4 * self.steps}, "_episode": game_over}
-            self.returns[game_over], self.steps[game_over] = 0, 0
-        return obs, np.sign(rewards).astype(np.float32), terminations | life_lost, truncations, info
-
-    def step(self, actions: np.ndarray):
-        self.step_async(actions)
-        return self.step_wait()
-
-
-class EnvGroup:
-    """Some of a process's envs, stepped as one: `send` the actions, `receive` the results."""
-
-    def __init__(self, envs: gym.vector.VectorEnv, index: slice):
-        self.envs, self.index, self.actions = envs, index, None
-
-    def send(self, actions: np.ndarray) -> None:
-        if hasattr(self.envs, "step_async"):
-            self.envs.step_async(actions)  # the envs step in worker processes or C++ threads meanwhile
-        else:
-            self.actions = actions
-
-    def receive(self):
-        if hasattr(self.envs, "step_async"):
-            return self.envs.step_wait()
-        return self.envs.step(self.actions)
-
-
-def make_env_groups(args: Args, record_video_dir: Optional[str] = None, env_threads: int = 1) -> list:
-    """This process's envs: one vector env, or (--vector-env double, ale-double) two halves that step in turn."""
-    n = args.local_num_envs
-    parts = ((0, n // 2), (n // 2, n)) if args.vector_env.endswith("double") else ((0, n),)
-
-    def vector_env(start: int, stop: int) -> gym.vector.VectorEnv:
-        if args.vector_env.startswith("ale"):
-            return AtariVectorGames(args.env_id, stop - start, max(1, env_threads // len(parts)))
-        return make_vector_env(args.env_id, stop - start, record_video_dir if start == 0 else None,
-                               "sync" if args.vector_env == "sync" else "async")
-
-    return [EnvGroup(vector_env(start, stop), slice(start, stop)) for start, stop in parts]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -334,18 +257,19 @@ class Agent(nn.Module):
 
 
 def sample_action(logits: torch.Tensor, gumbel: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Categorical(logits) sampled by Gumbel-max, argmax(logits + Gumbel noise): unlike multinomial, no
-    check of the input that waits for the GPU. Training passes the noise (`draw_gumbel`); without it, it is
-    drawn here from torch's default generator."""
+    """A sample of Categorical(logits): argmax(logits + Gumbel noise), the Gumbel-max trick. Training passes
+    env j's noise, drawn for the whole job (`draw_gumbel`), so env j acts alike wherever it runs; without it
+    (evaluation) the noise comes from torch's default generator. Unlike multinomial, it never waits for the GPU."""
     if gumbel is None:
         gumbel = -torch.empty_like(logits).exponential_().log()
     return torch.argmax(logits + gumbel, dim=-1)
 
 
 def draw_gumbel(generator: torch.Generator, num_steps: int, num_envs: int, num_actions: int) -> torch.Tensor:
-    """The whole job's action noise for one rollout, (num_steps, num_envs, num_actions), float32 on the CPU.
-    Every process draws all of it from the shared generator and keeps its own envs' columns: env j's noise
-    does not depend on which process steps it."""
+    """The whole job's action noise for one rollout, (num_steps, num_envs, num_actions), float32 on the CPU
+    (num_steps x num_envs x actions x 4 bytes: 590 KB for 8 GPUs x 8 envs x 18 actions). Every process draws
+    all of it from the shared generator and keeps its own envs' columns: env j's noise does not depend on
+    which process steps it."""
     return -torch.empty(num_steps, num_envs, num_actions, dtype=torch.float32).exponential_(generator=generator).log()
 
 
@@ -384,18 +308,17 @@ class Rollout:
             self.next_obs[index].copy_(self.next_obs_host[index], non_blocking=True)
 
 
-def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gumbel: torch.Tensor, gamma: float,
-                    env_timer) -> list:
+def collect_rollout(policy, value_of, groups: list, rollout: Rollout, gumbel: torch.Tensor, gamma: float) -> list:
     """Step every env `num_steps` times with actions from `policy(obs, gumbel) -> (action, logprob, value)`,
     `gumbel[step, env]` the action noise of this process's envs; return the finished games as (step index,
-    return, length). With two groups, one group's envs step (in worker processes) while the policy computes
-    the other's actions, each action still from the current policy."""
+    return, length). `groups` hold this process's envs (`EnvGroup`, below the divider): usually one; with
+    two, one group's envs step (in worker processes) while the policy computes the other's actions, each
+    action still from the current policy."""
     episodes = []
 
-    def receive(group: EnvGroup, step: int):
+    def receive(group, step: int):
         i = group.index
-        with env_timer():
-            next_obs, reward, terminations, truncations, infos = group.receive()
+        next_obs, reward, terminations, truncations, infos = group.receive()
         # A time-limit truncation is not a real end: bootstrap from the value of the final observation.
         truncated_only = truncations & ~terminations
         if truncated_only.any():
@@ -466,24 +389,24 @@ def get_lr(iteration: int, num_iterations: int, learning_rate: float, anneal: bo
     return (1.0 - (iteration - 1.0) / num_iterations) * learning_rate if anneal else learning_rate
 
 
-def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
-    """One all-reduce: every rank ends with the mean over ranks (the whole model's gradient, in one go)."""
-    if world_size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        tensor.div_(world_size)
-    return tensor
-
-
 def all_reduce_sum_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """One all-reduce, in place: every rank ends with the sum over ranks."""
     if world_size > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """One all-reduce, in place: every rank ends with the mean over ranks (the whole model's gradient, in one go)."""
+    return all_reduce_sum_(tensor, world_size).div_(world_size) if world_size > 1 else tensor
 
 
 def draw_minibatches(generator: torch.Generator, epochs: int, num_envs: int, num_steps: int,
                      num_minibatches: int) -> torch.Tensor:
-    """Env-stratified minibatches of one update, the same on every process: each epoch permutes every env's
-    steps, and minibatch m takes the m-th slice of each env's permutation. Returns step indices of shape
+    """Env-stratified minibatches of one update (where CleanRL takes a randperm of the whole batch), the same
+    on every process: each epoch permutes every env's steps, and minibatch m takes the m-th slice of each
+    env's permutation. The argsort of i.i.d. uniforms is a uniform random permutation: one randperm per
+    (epoch, env), all drawn in one call. Returns step indices of shape
     (epochs, num_minibatches, num_envs, num_steps // num_minibatches)."""
     # ALGO LOGIC: minibatches
     noise = torch.rand(epochs, num_envs, num_steps, generator=generator, dtype=torch.float64)
@@ -493,14 +416,17 @@ def draw_minibatches(generator: torch.Generator, epochs: int, num_envs: int, num
 
 def local_minibatches(minibatches: torch.Tensor, first_env: int, local_num_envs: int) -> torch.Tensor:
     """This process's equal share of every minibatch: its envs' steps, as indices into its batch flattened
-    from (num_steps, local_num_envs). Shape (epochs, num_minibatches, local_num_envs * steps per minibatch)."""
+    step-major, (num_steps, local_num_envs).flatten(0, 1): step t of local env e is row t * local_num_envs + e.
+    Shape (epochs, num_minibatches, local_num_envs * steps per minibatch)."""
     steps = minibatches[:, :, first_env:first_env + local_num_envs]
     return (steps * local_num_envs + torch.arange(local_num_envs).unsqueeze(1)).flatten(2)
 
 
 def advantage_stats(advantages: torch.Tensor, world_size: int) -> torch.Tensor:
     """Mean and sample std of every global minibatch's advantages, from each process's share of them
-    (`advantages`: (..., share)); returns (..., 2). One all-reduce of float64 sums for the whole update."""
+    (`advantages`: (..., share)); returns (..., 2). One all-reduce of float64 sums for the whole update. With
+    one process these are each minibatch's own mean and std, as in CleanRL; with several, still the whole
+    minibatch's, never a process's share."""
     a = advantages.double()
     sums = all_reduce_sum_(torch.stack([torch.full_like(a[..., 0], a.shape[-1]), a.sum(-1), a.square().sum(-1)]),
                            world_size)
@@ -541,7 +467,7 @@ def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, en
 
 
 def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor,
-               batch: dict, minibatches: torch.Tensor, world_size: int, *, autocast, allreduce_timer):
+               batch: dict, minibatches: torch.Tensor, world_size: int, autocast):
     """`update_epochs` passes over this rank's share of the global minibatches (`local_minibatches`). Every
     rank holds an equal share, so the mean over ranks of their mean losses' gradients is the gradient of the
     whole minibatch's mean loss. Returns the loss statistics (means over all ranks and minibatches), whether
@@ -558,10 +484,12 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
                                    clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=args.ent_coef,
                                    vf_coef=args.vf_coef)
 
-            # TRY NOT TO MODIFY: the data-parallel step
+            # TRY NOT TO MODIFY: the data-parallel step. Zero the flat buffer in place: optimizer.zero_grad()
+            # would set every .grad to None, detaching it from flat_grad; the all-reduce would then average
+            # zeros and each process would step on its own gradient.
             flat_grad.zero_()
             loss.backward()
-            with allreduce_timer():
+            with ALLREDUCE_TIMER(flat_grad.device):
                 all_reduce_mean_(flat_grad, world_size)
             grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
@@ -577,11 +505,10 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
 
 
 def train(args: Args, groups: list, device: torch.device, backend: Optional[str], rank: int, world_size: int) -> int:
-    """The training loop; returns the process exit code (0 finished, 3 interrupted, 4 non-finite)."""
-    # TRY NOT TO MODIFY: resume, seeding, logging
-    master_process = rank == 0
+    """The training loop; returns the process exit code (0 finished, 3 interrupted, 4 non-finite, 5 the
+    processes' weights differ)."""
+    # TRY NOT TO MODIFY: resume, seeding, the learner
     sizes = batch_sizes(args, world_size)
-    run_name = f"{run_id(args)}__{int(time.time())}"
     checkpoint_dir = Path("checkpoints") / run_id(args)
     resumed = load_resume_state(args, checkpoint_dir, rank, world_size)  # None for a fresh run
     # A resumed run gets fresh env seeds, still distinct across the job.
@@ -603,58 +530,42 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    # One random stream shared by every rank, apart from the one that drew the initial weights: the action
-    # noise and the minibatches, drawn whole on every rank, each rank using its envs' part.
+    # The shared stream. Every process draws the whole job's random numbers from it, in the same order (action
+    # noise, then minibatches), and uses its own envs' part: env j's randomness then does not depend on where
+    # it runs, which makes every split of the envs the same experiment. Torch's default generator is seeded
+    # alike on every process too, so noise drawn from it (augmentation, epsilon-greedy) would repeat on every
+    # process, on different data: draw new noise for the whole job from shared_rng and take your envs' part.
     shared_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(args.seed).generate_state(1)[0]))
     local_envs = slice(rank * args.local_num_envs, (rank + 1) * args.local_num_envs)
-
-    start_iteration, global_step, elapsed_before = 1, 0, 0.0
-    recent_returns = deque(maxlen=100)
-    if resumed:
+    if resumed:  # continue exactly: the weights, Adam's moments and the shared stream
         agent.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
-        start_iteration, global_step = resumed["iteration"] + 1, resumed["global_step"]
-        elapsed_before, run_name = resumed["elapsed"], resumed["run_name"]
-        recent_returns.extend(resumed["recent_returns"])
         shared_rng.set_state(resumed["shared_rng"])
-        if master_process:
-            print(f"resumed from {resumed['path']} at iteration {resumed['iteration']} (global step {global_step:,}), "
-                  f"parameter digest {parameter_digest(agent)}", flush=True)
-            for note in resumed["notes"]:
-                print(f"note: resuming with a changed setting: {note}", flush=True)
-    writer = open_writer(args, sizes, run_name, world_size, global_step, resumed) if master_process else None
-
-    obs_shape = groups[0].envs.single_observation_space.shape
-    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, obs_shape, device)
-    env_timer, allreduce_timer = SectionTimer(torch.device("cpu")), SectionTimer(device)
-    start_time, start_step, last_print = time.time(), global_step, 0.0
-    last_checkpoint_time, last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
-    exit_code = 0
-    for group in groups:
-        rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
+    def checkpoint(iteration: int) -> dict:
+        """Everything needed to continue, as a plain dict."""
+        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
+                "global_step": global_step, "args": asdict(args), "world_size": world_size,
+                "shared_rng": shared_rng.get_state(), "run_name": progress.run_name, "elapsed": progress.elapsed(),
+                "recent_returns": list(progress.recent_returns)}
 
     def policy(obs, gumbel):
         action, logprob, _, value = agent.get_action_and_value(obs, gumbel=gumbel)
         return action, logprob, value
 
-    def checkpoint_state(iteration: int) -> Optional[dict]:
-        """Everything needed to continue, as a plain dict, on rank 0 (the shared stream is the same on all)."""
-        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
-                "global_step": global_step, "args": asdict(args), "world_size": world_size,
-                "shared_rng": shared_rng.get_state(), "run_name": run_name,
-                "elapsed": elapsed_before + time.time() - start_time,
-                "recent_returns": list(recent_returns)} if master_process else None
-
-    stop = StopRequest()  # signals are caught from here on; before, they end a process with nothing to save
-    iteration = start_iteration - 1
-    for iteration in range(start_iteration, sizes.num_iterations + 1):
+    rollout = Rollout.allocate(args.num_steps, args.local_num_envs, groups[0].envs.single_observation_space.shape,
+                               device)
+    for group in groups:
+        rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
+    progress = Progress(args, sizes, groups, rank, world_size, checkpoint_dir, resumed, agent)  # catches signals
+    global_step, exit_code, iteration = progress.global_step, 0, progress.start_iteration - 1
+    for iteration in range(progress.start_iteration, sizes.num_iterations + 1):
         optimizer.param_groups[0]["lr"] = get_lr(iteration, sizes.num_iterations, args.learning_rate, args.anneal_lr)
 
         rollout_start = time.perf_counter()
         gumbel = draw_gumbel(shared_rng, args.num_steps, sizes.num_envs, num_actions)[:, local_envs].to(device)
         # One autocast region for the whole rollout: under bf16 the weights are cast once, not at every step.
         with torch.no_grad(), autocast:
-            episodes = collect_rollout(policy, agent.get_value, groups, rollout, gumbel, args.gamma, env_timer)
+            episodes = collect_rollout(policy, agent.get_value, groups, rollout, gumbel, args.gamma)
         episodes = [(global_step + (step + 1) * sizes.num_envs, r, l) for step, r, l in episodes]
         global_step += args.num_steps * sizes.num_envs
         rollout_time = time.perf_counter() - rollout_start
@@ -666,6 +577,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
             next_value = agent.get_value(rollout.next_obs).flatten()
             advantages, returns = compute_advantages(rewards, rollout.values, dones, next_value, next_done,
                                                      gamma=args.gamma, gae_lambda=args.gae_lambda)
+        # Flattened step-major: row t * local_num_envs + e is step t of env e (local_minibatches relies on it).
         batch = {"obs": rollout.obs.flatten(0, 1), "actions": rollout.actions.flatten(),
                  "values": rollout.values.flatten(), "logprobs": rollout.logprobs.flatten(),
                  "advantages": advantages.flatten(), "returns": returns.flatten()}
@@ -675,66 +587,20 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                                        args.num_minibatches)
         minibatches = local_minibatches(minibatches, local_envs.start, args.local_num_envs).to(device)
         losses, finite, epochs = ppo_update(args, agent, optimizer, flat_grad, batch, minibatches, world_size,
-                                            autocast=autocast, allreduce_timer=allreduce_timer)
+                                            autocast)
         losses["explained_variance"] = explained_variance(batch["values"], batch["returns"], world_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         update_time = time.perf_counter() - update_start
 
-        # TRY NOT TO MODIFY: agree on stopping / checkpointing, gather finished games, log on rank 0
-        checkpoint_due = (args.checkpoint_interval_minutes > 0
-                          and time.time() - last_checkpoint_time >= 60 * args.checkpoint_interval_minutes)
-        control = torch.tensor([stop.signal_name is not None, checkpoint_due and master_process, not finite],
-                               dtype=torch.int32, device=device)
-        if world_size > 1:
-            dist.all_reduce(control, op=dist.ReduceOp.MAX)
-        stop_now, checkpoint_now, non_finite = control.tolist()
-        if non_finite:
-            # The weights may already hold NaN: write nothing, so the last checkpoint stays the last good one.
-            if master_process:
-                print(f"error: non-finite loss or gradient at iteration {iteration} (global step {global_step:,}); "
-                      f"stopping without writing a checkpoint. Last good checkpoint: {last_checkpoint or 'none'}",
-                      file=sys.stderr, flush=True)
-            exit_code = EXIT_NON_FINITE
+        # TRY NOT TO MODIFY: every rank stops, checkpoints and logs together
+        exit_code = progress.end_iteration(iteration, global_step, agent, checkpoint, finite, episodes, epochs,
+                                           losses, optimizer.param_groups[0]["lr"], rollout_time, update_time)
+        if exit_code:
             break
-        per_rank = all_gather((episodes, epochs), world_size)
-        if checkpoint_now or stop_now:
-            state = checkpoint_state(iteration)
-            if master_process:
-                last_checkpoint = save_checkpoint(state, checkpoint_dir, args.checkpoint_keep)
-            last_checkpoint_time = time.time()
-        env_time, allreduce_time = env_timer.pop_seconds(), allreduce_timer.pop_seconds()
-        if master_process:
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            recent_returns.extend(log_iteration(writer, per_rank, losses, global_step, {
-                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps,
-                "perf/rollout_time": rollout_time, "perf/env_time": env_time, "perf/update_time": update_time,
-                "perf/allreduce_time": allreduce_time}))
-            if time.time() - last_print >= 10 or iteration in (start_iteration, sizes.num_iterations):
-                last_print = time.time()
-                eta = (last_print - start_time) / (iteration - start_iteration + 1) * (sizes.num_iterations - iteration)
-                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-                print(f"iter {iteration}/{sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
-                      f"return {mean_return} (last {len(recent_returns)}) | eta {timedelta(seconds=int(eta))}",
-                      flush=True)
-        if stop_now:
-            if master_process:
-                print(f"stopping on {stop.signal_name or 'a signal to another rank'} after iteration {iteration}; "
-                      f"resume with --resume auto", flush=True)
-            exit_code = EXIT_INTERRUPTED
-            break
-
-    if exit_code == 0:  # a last checkpoint (to resume with more steps), the final model, and a check of the ranks
-        state = checkpoint_state(iteration)
-        if master_process:
-            last_checkpoint = save_checkpoint(state, checkpoint_dir, args.checkpoint_keep)
-            atomic_save({"model": state["model"], "args": state["args"], "global_step": global_step},
-                        checkpoint_dir / "final_model.pt")
-        check_ranks_agree(agent, rank, world_size)
-    if master_process:
-        print_summary(args, sizes, exit_code, global_step=global_step, wall=elapsed_before + time.time() - start_time,
-                      recent_returns=recent_returns, last_checkpoint=last_checkpoint)
-        close_writer(writer, args)
+    if exit_code == 0:  # a last checkpoint (to resume with more steps) and the final model
+        exit_code = progress.save(agent, checkpoint(iteration), final=True)
+    progress.finish(exit_code, global_step)
     return exit_code
 
 
@@ -760,8 +626,9 @@ def main() -> None:
         cuda_device_count = torch.cuda.device_count() if args.cuda and torch.cuda.is_available() else 0
         backend, backend_note = check_args(args, WORLD_SIZE, LOCAL_WORLD_SIZE, cuda_device_count)
         device = select_device(args, LOCAL_RANK, cuda_device_count)
+        cpu_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         bf16_note = check_bf16(args.precision, torch.cuda.get_device_capability(device) if device.type == "cuda"
-                               else None, cpu_has_bf16())
+                               else None, cpu_bf16)
         for note in (backend_note, bf16_note):
             if note and RANK == 0:
                 print(f"note: {note}", flush=True)
@@ -815,10 +682,86 @@ def main() -> None:
 
 
 # ===================================================================================================
-# Machinery: input validation, checkpoints and resume, preemption, evaluation, timers and reports.
+# Machinery: faster env stepping, input validation, checkpoints and resume, preemption, evaluation, reports.
 # TRY NOT TO MODIFY: nothing below changes what the algorithm computes.
 # ===================================================================================================
-EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_NON_FINITE = 2, 3, 4
+# Faster env stepping (same games, same learning episodes): subprocesses, two halves in turn, ale-py's C++ envs.
+class AtariVectorGames(gym.vector.VectorWrapper):
+    """ale-py's C++ vector env (its threads run the emulators and the 84x84 grey, max-and-skip 4, 4-frame
+    preprocessing) with the learning episodes of the Python stack: a lost life ends the learning episode while
+    the game goes on, the learner sees sign-clipped rewards, and finished games are reported whole and
+    unclipped under infos["final_info"]["episode"] (length in frames: 4 per agent step)."""
+
+    def __init__(self, env_id: str, num_envs: int, num_threads: int):
+        kwargs = gym.spec(env_id).kwargs
+        # episodic_life=False: ale-py's own episodic life restarts the game at a lost life; lives are watched here.
+        super().__init__(ale_py.AtariVectorEnv(
+            kwargs["game"], num_envs, num_threads=num_threads, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108_000), frameskip=4,
+            repeat_action_probability=0.0, noop_max=30, use_fire_reset=True, episodic_life=False,
+            reward_clipping=False))
+        self.num_threads = num_threads
+        self.returns, self.steps, self.lives = np.zeros(num_envs), np.zeros(num_envs, np.int64), None
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=None if seed is None else np.asarray(seed), options=options)
+        self.returns[:], self.steps[:], self.lives = 0, 0, info["lives"]
+        return obs, info
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.env.send(actions)  # the C++ threads step the envs meanwhile
+
+    def step_wait(self):
+        obs, rewards, terminations, truncations, info = self.env.recv()
+        game_over = terminations | truncations  # the env has already started the next game (SAME_STEP)
+        self.returns += rewards
+        self.steps += 1
+        life_lost = ~game_over & (info["lives"] < self.lives)
+        self.lives = info["lives"]
+        if game_over.any():
+            info["final_info"] = {"episode": {"r": self.returns.copy(), "l": 4 * self.steps}, "_episode": game_over}
+            self.returns[game_over], self.steps[game_over] = 0, 0
+        return obs, np.sign(rewards).astype(np.float32), terminations | life_lost, truncations, info
+
+    def step(self, actions: np.ndarray):
+        self.step_async(actions)
+        return self.step_wait()
+
+
+class EnvGroup:
+    """Some of a process's envs, stepped as one: `send` the actions, `receive` the results. It sums the time
+    spent waiting for them (perf/env_time)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, index: slice):
+        self.envs, self.index, self.actions, self.wait_seconds = envs, index, None, 0.0
+
+    def send(self, actions: np.ndarray) -> None:
+        self.actions = actions
+        if hasattr(self.envs, "step_async"):
+            self.envs.step_async(actions)  # the envs step in worker processes or C++ threads meanwhile
+
+    def receive(self):
+        start = time.perf_counter()
+        result = self.envs.step_wait() if hasattr(self.envs, "step_async") else self.envs.step(self.actions)
+        self.wait_seconds += time.perf_counter() - start
+        return result
+
+
+def make_env_groups(args: Args, record_video_dir: Optional[str] = None, env_threads: int = 1) -> list:
+    """This process's envs: one vector env, or (--vector-env double, ale-double) two halves that step in turn."""
+    n = args.local_num_envs
+    parts = ((0, n // 2), (n // 2, n)) if args.vector_env.endswith("double") else ((0, n),)
+
+    def vector_env(start: int, stop: int) -> gym.vector.VectorEnv:
+        if args.vector_env.startswith("ale"):
+            return AtariVectorGames(args.env_id, stop - start, max(1, env_threads // len(parts)))
+        return make_vector_env(args.env_id, stop - start, record_video_dir if start == 0 else None,
+                               "sync" if args.vector_env == "sync" else "async")
+
+    return [EnvGroup(vector_env(start, stop), slice(start, stop)) for start, stop in parts]
+
+
+EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_RANKS_DISAGREE = 2, 3, 4, 5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
@@ -877,21 +820,13 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
          "was given); drop --device-ids"),
         (args.backend and not dist.is_backend_available(args.backend), f"this torch build has no '{args.backend}' "
          "backend; use --backend gloo"),
-        (args.capture_video and not importable("moviepy"), "--capture-video needs moviepy: pip install moviepy"),
-        (args.track and not importable("wandb"), "--track needs wandb: pip install wandb"),
+        (args.capture_video and not find_spec("moviepy"), "--capture-video needs moviepy: pip install moviepy"),
+        (args.track and not find_spec("wandb"), "--track needs wandb: pip install wandb"),
     ]
     for refused, why in refusals:
         if refused:
             raise ConfigError(why)
     return choose_backend(args.backend, world_size, ids, dist.is_nccl_available())
-
-
-def importable(package: str) -> bool:
-    try:
-        __import__(package)
-        return True
-    except ImportError:
-        return False
 
 
 def choose_backend(requested: Optional[str], world_size: int, cuda_ids: list, nccl_available: bool) -> tuple:
@@ -925,10 +860,6 @@ def check_bf16(precision: str, cuda_capability: Optional[tuple], cpu_bf16: bool)
         return ("this CPU has no native bf16 (no AVX-512 bf16, no AMX): --precision bf16 is emulated and much "
                 "slower than fp32 here")
     return None
-
-
-def cpu_has_bf16() -> bool:
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def agree_on_backend(store, backend: str, rank: int, world_size: int) -> None:
@@ -1022,29 +953,6 @@ def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, g
     return writer
 
 
-def close_writer(writer, args: Args) -> None:
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-
-
-def log_iteration(writer, per_rank: list, losses: dict, global_step: int, charts: dict) -> list:
-    """Log every rank's finished games and this iteration's losses; return the games' returns."""
-    epochs = {e for _, e in per_rank}
-    if len(epochs) > 1:
-        raise RuntimeError(f"ranks ran different numbers of update epochs: {[e for _, e in per_rank]}")
-    games = sorted(game for episodes, _ in per_rank for game in episodes)
-    for step, episodic_return, episodic_length in games:
-        writer.add_scalar("charts/episodic_return", episodic_return, step)
-        writer.add_scalar("charts/episodic_length", episodic_length, step)
-    for tag, value in {**charts, "charts/update_epochs": epochs.pop(),
-                       **{f"losses/{name}": value for name, value in losses.items()}}.items():
-        writer.add_scalar(tag, value, global_step)
-    return [episodic_return for _, episodic_return, _ in games]
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, world_size: int) -> float:
     """1 - Var(returns - values) / Var(returns) over the whole job's batch (population variances; nan when the
     returns do not vary), from one all-reduce of float64 sums."""
@@ -1055,25 +963,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, world_size: 
     return np.nan if var_y <= 0 else 1 - (error_squares / count - (error_sum / count) ** 2) / var_y
 
 
-def print_summary(args: Args, sizes: BatchSizes, exit_code: int, *, global_step: int, wall: float, recent_returns,
-                  last_checkpoint) -> None:
-    status = {0: "finished", EXIT_INTERRUPTED: "interrupted", EXIT_NON_FINITE: "stopped (non-finite)"}[exit_code]
-    mean_return = f"{np.mean(recent_returns):.2f}" if recent_returns else "-"
-    cost = f" | cost {args.cost_per_hour * wall / 3600:.2f}" if args.cost_per_hour is not None else ""
-    print(f"summary: {status} | {global_step:,} / {sizes.num_iterations * sizes.batch_size:,} steps | wall "
-          f"{timedelta(seconds=int(wall))} | {global_step / max(wall, 1e-9):,.0f} steps/s | return {mean_return} "
-          f"(last {len(recent_returns)} games) | checkpoint {last_checkpoint or 'none'}{cost}", flush=True)
-
-
 class SectionTimer:
     """Sums the time spent in a code section; on CUDA it records events, so timing adds no host sync."""
 
-    def __init__(self, device: torch.device):
-        self.cuda, self.seconds, self.events = device.type == "cuda", 0.0, []
+    def __init__(self):
+        self.seconds, self.events = 0.0, []
 
     @contextmanager
-    def __call__(self):
-        if self.cuda:
+    def __call__(self, device: torch.device):
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             yield
@@ -1091,19 +989,13 @@ class SectionTimer:
         return total
 
 
+ALLREDUCE_TIMER = SectionTimer()  # the gradient all-reduces (perf/allreduce_time)
+
+
 def parameter_digest(model: nn.Module) -> str:
     """A short hash of the exact parameter bytes, to compare ranks."""
     flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-
-
-def check_ranks_agree(agent: nn.Module, rank: int, world_size: int) -> None:
-    """Data parallelism is only correct while every rank holds the same weights: check it at the end."""
-    digests = all_gather(parameter_digest(agent), world_size)
-    if len(set(digests)) > 1:
-        raise RuntimeError(f"ranks ended with different parameters: {digests}")
-    if rank == 0:
-        print("final parameter digest per rank: " + " ".join(f"{r}:{d}" for r, d in enumerate(digests)), flush=True)
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -1136,13 +1028,20 @@ def latest_checkpoint(directory: Path) -> Optional[Path]:
 
 
 def load_checkpoint(path: Path, required=("model", "args")) -> dict:
-    """Load a checkpoint on the CPU, refusing unreadable or incomplete files with a one-line reason."""
+    """Load a checkpoint on the CPU as data only (torch's safe unpickler: tensors, dicts, lists, numbers,
+    strings), refusing files that would run code, unreadable or incomplete ones with a one-line reason."""
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch reports truncation and corruption with several exception types
-        reason = (str(e).splitlines() or [type(e).__name__])[0]  # some errors of garbage input have no message
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        code = next((line for line in lines if "unsupported GLOBAL" in line), None)
+        if code:  # the safe unpickler met something other than data
+            raise ConfigError(f"checkpoint {path} is refused: it is not plain data, and unpickling it would run code "
+                              f"({code}); checkpoints are loaded as data only") from None
+        # The safe unpickler's own errors name what it met on their third line, after a preamble.
+        reason = lines[2] if lines[0].startswith("Weights only load failed") and len(lines) > 2 else lines[0]
         raise ConfigError(f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}") from None
     missing = [key for key in required if not isinstance(state, dict) or key not in state]
     if missing:
@@ -1179,9 +1078,14 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
         raise ConfigError(f"cannot resume: the checkpoint trained {old['env_id']}, not {args.env_id}")
     old_envs, sizes = old["local_num_envs"] * saved["world_size"], batch_sizes(args, world_size)
     if old_envs * old["num_steps"] != sizes.batch_size:
-        raise ConfigError(f"cannot resume: the checkpoint's global batch was {old_envs * old['num_steps']} "
-                          f"transitions, this run's is {sizes.batch_size}; keep processes x local_num_envs x num_steps "
-                          f"the same")
+        processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+        fix = (f"--local-num-envs {old_envs // world_size} keeps the job's {old_envs} envs on {processes}"
+               if old_envs % world_size == 0 else f"no --local-num-envs keeps the job's {old_envs} envs on "
+               f"{processes}: use a number of processes that divides {old_envs}")
+        raise ConfigError(f"cannot resume: the checkpoint's global batch was {old_envs * old['num_steps']} transitions "
+                          f"({old_envs} envs x {old['num_steps']} steps), this run's is {sizes.batch_size} "
+                          f"({sizes.num_envs} x {args.num_steps}); {fix}"
+                          + (f", with --num-steps {old['num_steps']}" if old["num_steps"] != args.num_steps else ""))
     # The split of the envs across processes is a speed setting: only the job's env count is part of the run.
     run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "cost_per_hour", "capture_video", "track",
                  "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env",
@@ -1193,18 +1097,131 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
     return notes
 
 
-class StopRequest:
-    """Records SIGTERM / SIGINT / SIGUSR1; training stops at the end of the iteration, on every rank, after a
-    checkpoint. A process stuck in C++ (a collective whose peer died) cannot run this handler: torchrun's
-    SIGKILL, 30 s after its SIGTERM, ends it."""
+class Progress:
+    """The loop's bookkeeping: where the run stands (step, last 100 games, time), the end-of-iteration
+    agreement of the ranks, checkpoints, and the logs (TensorBoard and the console, on global rank 0)."""
 
-    def __init__(self):
+    def __init__(self, args: Args, sizes: BatchSizes, groups: list, rank: int, world_size: int, checkpoint_dir: Path,
+                 resumed: Optional[dict], agent: nn.Module):
+        self.args, self.sizes, self.groups, self.rank, self.world_size = args, sizes, groups, rank, world_size
+        self.master, self.checkpoint_dir = rank == 0, checkpoint_dir
+        self.start_iteration, self.global_step, self.elapsed_before, self.run_name = (
+            (resumed["iteration"] + 1, resumed["global_step"], resumed["elapsed"], resumed["run_name"]) if resumed
+            else (1, 0, 0.0, f"{run_id(args)}__{int(time.time())}"))
+        self.recent_returns = deque(resumed["recent_returns"] if resumed else [], maxlen=100)
+        if resumed and self.master:
+            print(f"resumed from {resumed['path']} at iteration {resumed['iteration']} (global step "
+                  f"{self.global_step:,}), parameter digest {parameter_digest(agent)}", flush=True)
+            for note in resumed["notes"]:
+                print(f"note: resuming with a changed setting: {note}", flush=True)
+        self.writer = (open_writer(args, sizes, self.run_name, world_size, self.global_step, resumed)
+                       if self.master else None)
+        self.last_checkpoint_time, self.last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
+        self.start_time, self.start_step, self.last_print = time.time(), self.global_step, 0.0
+        # SIGTERM / SIGINT / SIGUSR1 are caught from here on (before, they end a process with nothing to save): the
+        # run stops after this iteration, on every rank, with a checkpoint. A process stuck in C++ (a collective
+        # whose peer died) cannot run the handler: torchrun's SIGKILL, 30 s after its SIGTERM, ends it.
         self.signal_name = None
         for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+            signal.signal(sig, lambda signum, frame: setattr(self, "signal_name", signal.Signals(signum).name))
 
-    def _handle(self, signum, frame):
-        self.signal_name = signal.Signals(signum).name
+    def elapsed(self) -> float:
+        """Seconds of training, over every part of a resumed run."""
+        return self.elapsed_before + time.time() - self.start_time
+
+    def end_iteration(self, iteration: int, global_step: int, agent: nn.Module, checkpoint, finite: torch.Tensor,
+                      episodes: list, epochs: int, losses: dict, learning_rate: float, rollout_time: float,
+                      update_time: float) -> int:
+        """One all-reduce decides for every rank whether to stop (a signal, on any rank, or a non-finite loss)
+        and whether to checkpoint; then rank 0 logs every rank's games. Returns the exit code to stop with, or 0."""
+        args = self.args
+        checkpoint_due = (args.checkpoint_interval_minutes > 0
+                          and time.time() - self.last_checkpoint_time >= 60 * args.checkpoint_interval_minutes)
+        control = torch.tensor([self.signal_name is not None, checkpoint_due and self.master, not finite],
+                               dtype=torch.int32, device=finite.device)
+        if self.world_size > 1:
+            dist.all_reduce(control, op=dist.ReduceOp.MAX)
+        stop_now, checkpoint_now, non_finite = control.tolist()
+        if non_finite:
+            # The weights may already hold NaN: write nothing, so the last checkpoint stays the last good one.
+            if self.master:
+                print(f"error: non-finite loss or gradient at iteration {iteration} (global step {global_step:,}); "
+                      f"stopping without writing a checkpoint. Last good checkpoint: {self.last_checkpoint or 'none'}",
+                      file=sys.stderr, flush=True)
+            return EXIT_NON_FINITE
+        per_rank = all_gather((episodes, epochs), self.world_size)
+        if (checkpoint_now or stop_now) and self.save(agent, checkpoint(iteration)):
+            return EXIT_RANKS_DISAGREE
+        env_time, allreduce_time = sum(group.wait_seconds for group in self.groups), ALLREDUCE_TIMER.pop_seconds()
+        for group in self.groups:
+            group.wait_seconds = 0.0
+        if self.master:  # every rank's finished games, then this iteration's scalars
+            if len({e for _, e in per_rank}) > 1:
+                raise RuntimeError(f"ranks ran different numbers of update epochs: {[e for _, e in per_rank]}")
+            for step, episodic_return, episodic_length in sorted(game for games, _ in per_rank for game in games):
+                self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+                self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+                self.recent_returns.append(episodic_return)
+            sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+            for tag, value in {"charts/learning_rate": learning_rate, "charts/SPS": sps,
+                               "perf/rollout_time": rollout_time, "perf/env_time": env_time,
+                               "perf/update_time": update_time, "perf/allreduce_time": allreduce_time,
+                               "charts/update_epochs": epochs,
+                               **{f"losses/{name}": value for name, value in losses.items()}}.items():
+                self.writer.add_scalar(tag, value, global_step)
+            if time.time() - self.last_print >= 10 or iteration in (self.start_iteration, self.sizes.num_iterations):
+                self.last_print = time.time()
+                eta = ((self.last_print - self.start_time) / (iteration - self.start_iteration + 1)
+                       * (self.sizes.num_iterations - iteration))
+                mean_return = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "-"
+                print(f"iter {iteration}/{self.sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
+                      f"return {mean_return} (last {len(self.recent_returns)}) | eta {timedelta(seconds=int(eta))}",
+                      flush=True)
+        if stop_now:
+            if self.master:
+                print(f"stopping on {self.signal_name or 'a signal to another rank'} after iteration "
+                      f"{iteration}; resume with --resume auto", flush=True)
+            return EXIT_INTERRUPTED
+        return 0
+
+    def save(self, agent: nn.Module, state: dict, final: bool = False) -> int:
+        """Check that every rank holds the same weights, then write the checkpoint (and the final model).
+        Returns the exit code: 0, or EXIT_RANKS_DISAGREE with nothing written."""
+        digests = all_gather(parameter_digest(agent), self.world_size)  # data parallelism needs equal weights
+        differ = [r for r, digest in enumerate(digests) if digest != digests[0]]
+        if differ:
+            if self.master:
+                print(f"error: processes {', '.join(map(str, differ))} hold parameters different from process 0's "
+                      f"after iteration {state['iteration']} (digests {' '.join(digests)}); stopping without "
+                      f"writing a checkpoint. Last good checkpoint: {self.last_checkpoint or 'none'}",
+                      file=sys.stderr, flush=True)
+            return EXIT_RANKS_DISAGREE
+        if self.master:
+            self.last_checkpoint = save_checkpoint(state, self.checkpoint_dir, self.args.checkpoint_keep)
+            if final:
+                atomic_save({"model": state["model"], "args": state["args"], "global_step": state["global_step"]},
+                            self.checkpoint_dir / "final_model.pt")
+                print("final parameter digest per rank: " + " ".join(f"{r}:{d}" for r, d in enumerate(digests)))
+        self.last_checkpoint_time = time.time()
+        return 0
+
+    def finish(self, exit_code: int, global_step: int) -> None:
+        """Rank 0 prints the run's summary and closes its logs."""
+        if not self.master:
+            return
+        status = {0: "finished", EXIT_INTERRUPTED: "interrupted", EXIT_NON_FINITE: "stopped (non-finite)",
+                  EXIT_RANKS_DISAGREE: "stopped (the processes' weights differ)"}[exit_code]
+        wall, returns = self.elapsed(), self.recent_returns
+        cost = f" | cost {self.args.cost_per_hour * wall / 3600:.2f}" if self.args.cost_per_hour is not None else ""
+        print(f"summary: {status} | {global_step:,} / {self.sizes.num_iterations * self.sizes.batch_size:,} steps | "
+              f"wall {timedelta(seconds=int(wall))} | {global_step / max(wall, 1e-9):,.0f} steps/s | return "
+              f"{f'{np.mean(returns):.2f}' if returns else '-'} (last {len(returns)} games) | checkpoint "
+              f"{self.last_checkpoint or 'none'}{cost}", flush=True)
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
 
 
 def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device, seed: int,

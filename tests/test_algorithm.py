@@ -177,7 +177,7 @@ def test_truncation_is_bootstrapped_and_termination_is_not(vector_env):
     rollout.set_next_obs(slice(0, num_envs), envs.reset(seed=seeds)[0])
     group = ppo.EnvGroup(envs, slice(0, num_envs))
     gumbel = torch.zeros(num_steps, num_envs, 4)
-    ppo.collect_rollout(policy, value_of, [group], rollout, gumbel, gamma, ppo.SectionTimer(torch.device("cpu")))
+    ppo.collect_rollout(policy, value_of, [group], rollout, gumbel, gamma)
     envs.close()
 
     # The same envs stepped with the same actions, by hand: what each step returned.

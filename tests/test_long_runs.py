@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ppo_atari_multigpu as ppo
-from conftest import (TINY, final_digests, run_python, run_torchrun, scalars, start_torchrun, wait_until,
-                      worker_pids)
+from conftest import (TINY, broken_copy, final_digests, run_python, run_torchrun, scalars, start_torchrun,
+                      wait_until, worker_pids)
 
 RUN_ID = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1"
 GLOBAL_BATCH = 128  # 2 processes x 2 envs x 32 steps
@@ -124,15 +124,71 @@ def test_damaged_checkpoint_is_refused(finished_run, tmp_path, damage):
     assert "Traceback" not in result.stderr
 
 
+class RunsCode:
+    """Unpickling it calls os.system: what a checkpoint from an untrusted source can hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_checkpoint_that_would_run_code_is_refused(finished_run, tmp_path):
+    marker = tmp_path / "code-ran"
+    (checkpoint,) = checkpoints(finished_run[0])
+    hostile = tmp_path / "hostile.pt"
+    torch.save({**torch.load(checkpoint, weights_only=True), "model": RunsCode(marker)}, hostile)
+    torch.load(hostile, weights_only=False)  # the loader the script used before: it runs the file's code
+    assert marker.exists()
+    marker.unlink()
+    for cli in (["--eval-checkpoint", str(hostile)], [*TINY, "--total-timesteps", "256", "--resume", str(hostile)]):
+        result = run_python(cli, cwd=tmp_path)
+        assert result.returncode == ppo.EXIT_CONFIG_ERROR
+        assert [line for line in result.stderr.splitlines() if "error" in line] == [
+            f"ppo_atari_multigpu.py: error: checkpoint {hostile} is refused: it is not plain data, and unpickling it "
+            "would run code (Trying to load unsupported GLOBAL posix.system whose module posix is blocked.); "
+            "checkpoints are loaded as data only"]
+        assert not marker.exists()
+
+
 @pytest.mark.parametrize("cli, message", [
     (["--env-id", "PongNoFrameskip-v4"], "cannot resume: the checkpoint trained BreakoutNoFrameskip-v4"),
-    (["--num-steps", "16"], "cannot resume: the checkpoint's global batch was 64 transitions, this run's is 32"),
+    (["--num-steps", "16"], "cannot resume: the checkpoint's global batch was 64 transitions (2 envs x 32 steps), "
+     "this run's is 32 (2 x 16); --local-num-envs 2 keeps the job's 2 envs on 1 process, with --num-steps 32"),
+    (["--local-num-envs", "1"], "this run's is 32 (1 x 32); --local-num-envs 2 keeps the job's 2 envs on 1 process\n"),
 ])
 def test_incompatible_resume_is_refused(finished_run, tmp_path, cli, message):
     (checkpoint,) = checkpoints(finished_run[0])
     result = run_python([*TINY, "--total-timesteps", "256", "--resume", str(checkpoint), *cli], cwd=tmp_path)
     assert result.returncode == ppo.EXIT_CONFIG_ERROR
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_refused_resume_names_the_local_num_envs_for_this_number_of_processes():
+    saved = {"args": ppo.asdict(ppo.Args(local_num_envs=3, num_steps=32)), "world_size": 2}  # 6 envs
+    with pytest.raises(ppo.ConfigError, match=r"\(6 envs x 32 steps\), this run's is 128 \(4 x 32\); "
+                       r"--local-num-envs 3 keeps the job's 6 envs on 2 processes$"):
+        ppo.check_resume(saved, ppo.Args(local_num_envs=2, num_steps=32), world_size=2)
+    with pytest.raises(ppo.ConfigError, match=r"no --local-num-envs keeps the job's 6 envs on 4 processes: use a "
+                       r"number of processes that divides 6$"):
+        ppo.check_resume(saved, ppo.Args(local_num_envs=1, num_steps=32), world_size=4)
+    assert ppo.check_resume(saved, ppo.Args(local_num_envs=6, num_steps=32), world_size=1) == []  # the same job
+
+
+def test_processes_whose_weights_differ_stop_before_a_checkpoint(tmp_path):
+    # A copy whose process 1 steps on a slightly different gradient: the weights drift apart from the first
+    # update, and the check before the first checkpoint (after iteration 1) must stop the run there.
+    broken = broken_copy(tmp_path, "                all_reduce_mean_(flat_grad, world_size)\n",
+                         "                all_reduce_mean_(flat_grad, world_size).add_(1e-3 * dist.get_rank())\n")
+    (tmp_path / "run").mkdir()
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "512", "--checkpoint-interval-minutes", "0.0001"],
+                          cwd=tmp_path / "run", script=broken)
+    assert torchrun_exit_codes(result.stderr) == {0: ppo.EXIT_RANKS_DISAGREE, 1: ppo.EXIT_RANKS_DISAGREE}
+    assert re.search(r"^error: processes 1 hold parameters different from process 0's after iteration 1 \(digests "
+                     r"\w+ \w+\); stopping without writing a checkpoint. Last good checkpoint: none$", result.stderr, re.M)
+    assert 'ppo_atari_multigpu.py", line' not in result.stderr  # no traceback from the processes themselves
+    assert not list((tmp_path / "run" / "checkpoints").rglob("*.pt"))
 
 
 def test_resume_with_more_steps_is_allowed_and_said(finished_run, tmp_path):

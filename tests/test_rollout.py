@@ -23,11 +23,10 @@ def run_rollout(vector_env: str, num_envs: int, num_steps: int, seeds: list):
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
     value_of = lambda obs: obs.reshape(len(obs), -1).float().mean(1)  # noqa: E731
-    timer = ppo.SectionTimer(torch.device("cpu"))
     episodes = []
     for _ in range(2):  # two rollouts: the second starts from where the first left the envs
         gumbel = torch.zeros(num_steps, num_envs, 4)
-        episodes += ppo.collect_rollout(deterministic_policy(4), value_of, groups, rollout, gumbel, 0.99, timer)
+        episodes += ppo.collect_rollout(deterministic_policy(4), value_of, groups, rollout, gumbel, 0.99)
         snapshot = {name: (value.clone() if isinstance(value, torch.Tensor) else value.copy())
                     for name, value in vars(rollout).items() if name != "next_obs_host"}
     for group in groups:

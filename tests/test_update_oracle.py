@@ -121,8 +121,7 @@ def script_update(args, initial: dict, batch: dict, orders: torch.Tensor, world_
     local = ppo.local_minibatches(minibatches, rank * args.local_num_envs, args.local_num_envs)
     envs = slice(rank * args.local_num_envs, (rank + 1) * args.local_num_envs)
     losses, finite, epochs = ppo.ppo_update(args, agent, optimizer, flat_grad, local_batch(batch, envs), local,
-                                            world_size, autocast=torch.autocast("cpu", enabled=False),
-                                            allreduce_timer=ppo.SectionTimer(torch.device("cpu")))
+                                            world_size, torch.autocast("cpu", enabled=False))
     assert bool(finite) and epochs == args.update_epochs
     first_moments = {name: optimizer.state[p]["exp_avg"].clone() for name, p in agent.named_parameters()}
     return {name: p.detach().clone() for name, p in agent.named_parameters()}, losses, first_moments
@@ -194,3 +193,44 @@ def test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch():
         for name, value in oracle_stats.items():  # logged: the whole minibatches' statistics, on every rank
             assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert all(torch.equal(results[0][0][name], results[1][0][name]) for name in expected)  # bitwise equal ranks
+
+
+def kl_worker(rank: int, port: int, initial: dict, whole: dict, results):
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    args = ppo.Args(**{**ARGS, "local_num_envs": 4, "target_kl": 0.01})
+    agent, optimizer, flat_grad = ppo.make_learner(NUM_ACTIONS, torch.device("cpu"), 0.0)  # lr 0: the policy stays
+    agent.load_state_dict(initial)
+    minibatches = ORDERS.view(args.update_epochs, 8, args.num_minibatches, -1).transpose(1, 2)
+    local = ppo.local_minibatches(minibatches, rank * 4, 4)
+    losses, _, epochs = ppo.ppo_update(args, agent, optimizer, flat_grad, local_batch(whole, slice(4 * rank, 4 * rank + 4)),
+                                       local, 2, torch.autocast("cpu", enabled=False))
+    results[rank] = losses, epochs
+    dist.destroy_process_group()
+
+
+# log(new / old) = d on every sample of a process: its KL estimators are old_approx_kl = -d and
+# approx_kl = (e^d - 1) - d. With d = 0.2 on process 0 and -0.1 on process 1 (equal shares of every minibatch):
+# approx_kl = ((1.2214028 - 1.2) + (0.9048374 - 0.9)) / 2 = 0.0131201 > 0.01: stop after the first epoch, though
+# old_approx_kl = (-0.2 + 0.1) / 2 = -0.05 says go on (and process 1's own approx_kl, 0.0048374, too). With
+# d = -0.1 on both: approx_kl = 0.0048374 < 0.01, all 4 epochs, though old_approx_kl = 0.1 says stop.
+@pytest.mark.parametrize("shifts, approx_kl, old_approx_kl, epochs", [
+    ((0.2, -0.1), 0.0131201, -0.05, 1),
+    ((-0.1, -0.1), 0.0048374, 0.1, 4),
+])
+def test_early_stop_reads_approx_kl_over_both_processes(shifts, approx_kl, old_approx_kl, epochs):
+    torch.set_num_threads(1)
+    initial = initial_weights()
+    whole = make_batch(initial, 8, 8, seed=3)
+    with torch.no_grad():
+        logprob, _, _ = oracle_forward(initial, whole["obs"].flatten(0, 1), whole["actions"].flatten())
+    shift = torch.tensor([shifts[0]] * 4 + [shifts[1]] * 4).expand(8, 8)  # (steps, envs): envs 0-3 on process 0
+    whole["logprobs"] = logprob.view(8, 8) - shift
+    results = mp.Manager().dict()
+    mp.spawn(kl_worker, args=(free_port(), initial, whole, results), nprocs=2, join=True)
+    for rank in range(2):
+        losses, ran = results[rank]
+        assert ran == epochs
+        assert losses["approx_kl"] == pytest.approx(approx_kl, abs=1e-6)
+        assert losses["old_approx_kl"] == pytest.approx(old_approx_kl, abs=1e-6)
