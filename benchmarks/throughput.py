@@ -26,7 +26,7 @@ measures, in one run, what --vector-env ale changes: the envs alone (8 Breakout 
 agent steps/s per core of the Python stack in sync and async vector envs and of ale-py's C++ vector env on
 1 and 2 threads); the script's rollout alone and the whole job of 1 process x 8, 16 and 32 envs with sync,
 ale and ale-double; and the reference's job as 2 x 4 and 1 x 8 with each. The 1 x 8 rollout pair (ale-double
-against sync) behind the 1.5x target runs `--repeats` times in all, alternating; the median ratio counts.
+against sync) runs `--repeats` times in all, alternating; the median ratio counts.
 
     python benchmarks/throughput.py --against 778095b --repeats 4 --seconds 40
 
@@ -354,7 +354,7 @@ def run_ale_report(machine_name: str, machine: dict, seconds: float, command: st
         print(f"{config.name}: {jobs[-1][1]['sps']:.0f} steps/s, rollout {jobs[-1][1]['rollout_sps']:.0f}", flush=True)
     by_name = {config.name: script for config, script in jobs}
     sync_core, ale_core = env_rows[0][1], env_rows[2][1]
-    # The 1x8 target is a ratio of two short runs on a shared machine: measure the pair again, alternating.
+    # The 1x8 overlap gain is a ratio of two short runs on a shared machine: measure the pair again, alternating.
     pairs = [(by_name["1x8 ale-double fp32 1t"]["rollout_sps"], by_name["1x8 sync fp32 1t"]["rollout_sps"])]
     for _ in range(repeats - 1):
         pairs.append(tuple(measure_script(Config(1, 8, kind, threads=1), seconds, expected_sps=300)["rollout_sps"]
@@ -366,8 +366,7 @@ def run_ale_report(machine_name: str, machine: dict, seconds: float, command: st
              "## The envs alone: 8 Breakout envs, random actions", "",
              "| vector env | agent steps/s | cores used | steps/s per core |", "|---|---|---|---|",
              *[f"| {name} | {sps:.0f} | {used} | {sps / used:.0f} |" for name, sps, used in env_rows], "",
-             f"Env time per step on one core, sync Python stack / ale on 1 thread: {ale_core / sync_core:.2f}x "
-             f"(target: >= 1.25x).", "",
+             f"Env time per step on one core, sync Python stack / ale on 1 thread: {ale_core / sync_core:.2f}x.", "",
              "## The script: rollout alone and whole job", "",
              "Real runs of `ppo_atari_multigpu.py` under torchrun (fp32, 128 steps, the reference's hyperparameters); "
              "rollout = envs + inference, transitions per iteration / `perf/rollout_time`; `1t`: 1 torch thread per "
@@ -378,7 +377,7 @@ def run_ale_report(machine_name: str, machine: dict, seconds: float, command: st
               f"{r['update_time']:.2f} | {r['env_time']:.2f} |" for c, r in jobs]
     lines += ["", f"1 process x 8 envs, rollout alone: ale-double (envs on {min(2, cores)} threads, 1 torch thread) / "
               f"sync (1 thread), median of {len(pairs)} pairs of runs (the table's and {len(pairs) - 1} more, "
-              f"alternating): {statistics.median(double / sync for double, sync in pairs):.2f}x (target >= 1.5x); each pair: "
+              f"alternating): {statistics.median(double / sync for double, sync in pairs):.2f}x; each pair: "
               + ", ".join(f"{double:.0f} / {sync:.0f} = {double / sync:.2f}x" for double, sync in pairs) + "."]
     path = RESULTS / f"throughput-ale-{machine_name}.md"
     path.write_text("\n".join(lines) + "\n")
