@@ -541,6 +541,7 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         agent.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         shared_rng.set_state(resumed["shared_rng"])
+
     def checkpoint(iteration: int) -> dict:
         """Everything needed to continue, as a plain dict."""
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,

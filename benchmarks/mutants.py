@@ -112,6 +112,10 @@ MUTANTS = [  # (name, what it breaks, exact original text, replacement)
     ("actor-init-gain", "actor head initialised with gain 1", "nn.Linear(512, num_actions), std=0.01",
      "nn.Linear(512, num_actions), std=1"),
     ("trunk-init-gain", "trunk initialised with gain 1", "std: float = np.sqrt(2)", "std: float = 1.0"),
+    ("early-stop-old-kl", "the early stop decided on old_approx_kl",
+     'all_reduce_mean_(stats["approx_kl"].clone()', 'all_reduce_mean_(stats["old_approx_kl"].clone()'),
+    ("zero-grad-set-to-none", "optimizer.zero_grad() in place of zeroing the flat buffer",
+     "            flat_grad.zero_()\n", "            optimizer.zero_grad()\n"),
 ]
 
 

@@ -10,7 +10,7 @@ a 95% confidence interval for that mean (Student's t over seeds), the steps reac
 steps/s; the mean return of each seed's games in every window of --window steps (200k by default; with
 --windows-at, only the windows ending at those steps); and per environment a PNG with the return against
 global steps and against wall time (mean over seeds, with a band from the lowest to the highest seed; with
---published MEAN STD, a band for a published result). Wall time counts only the time the run was logging:
+--published ENV_ID MEAN STD, a band for that env's published result). Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
 With --baseline CONFIG, each other configuration of the same
 environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
@@ -219,7 +219,7 @@ def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(position >= 0, running[np.clip(position, 0, None)], np.nan)
 
 
-def plot(runs: list, out: Path, published=None) -> list:
+def plot(runs: list, out: Path, published: dict) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -248,8 +248,8 @@ def plot(runs: list, out: Path, published=None) -> list:
         axes[0].set_xlabel("global step")
         axes[1].set_xlabel("wall time (minutes)")
         for ax in axes:
-            if published:
-                published_mean, published_std = published
+            if env_id in published:
+                published_mean, published_std = published[env_id]
                 ax.axhspan(published_mean - published_std, published_mean + published_std, color="grey", alpha=0.25,
                            label=f"published {published_mean:g} +- {published_std:g}")
             ax.set_ylabel(f"episodic return (mean of last {LAST_GAMES})")
@@ -272,8 +272,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=200_000, help="steps per window of the per-seed table")
     parser.add_argument("--windows-at", type=int, nargs="+", metavar="STEP",
                         help="show only the windows ending at these steps (e.g. 1000000 10000000)")
-    parser.add_argument("--published", type=float, nargs=2, metavar=("MEAN", "STD"),
-                        help="draw a published result (mean +- std over its seeds) as a band on the curves")
+    parser.add_argument("--published", nargs=3, action="append", default=[], metavar=("ENV_ID", "MEAN", "STD"),
+                        help="draw an env's published result (mean +- std over its seeds) as a band on its curves; "
+                             "once per env")
     parser.add_argument("--baseline", help="configuration (exp_name) to set the others against")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
@@ -283,7 +284,7 @@ def main() -> None:
         raise SystemExit(f"report.py: error: --baseline {opts.baseline} needs at least 2 seeds of that configuration")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    images = plot(runs, out, opts.published)
+    images = plot(runs, out, {env_id: (float(mean), float(std)) for env_id, mean, std in opts.published})
     text = (f"# {opts.title}\n\n" + table(runs) + "\n"
             + (baseline_table(runs, opts.baseline) + "\n" if opts.baseline else "")
             + window_table(runs, opts.window, opts.windows_at) + "\n"

@@ -134,10 +134,14 @@ def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
     # The published band is drawn: the same curves with and without it are different pictures.
     png = out / "learning-BreakoutNoFrameskip-v4.png"
     without = png.read_bytes()
-    result = subprocess.run(command + ["--published", "4", "1"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command + ["--published", "BreakoutNoFrameskip-v4", "4", "1"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     band_drawn = png.read_bytes() != without
     assert band_drawn, "--published left the picture as it was"
+    result = subprocess.run(command + ["--published", "PongNoFrameskip-v4", "4", "1"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes() == without, "another env's published result was drawn on Breakout's curves"
 
     # As text, with one iteration row kept: the games keep their seconds and the last iteration is always kept,
     # so steps reached (400) and wall time (300 s) stay; converting again writes the same bytes.
