@@ -30,7 +30,6 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -546,7 +545,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         """Everything needed to continue, as a plain dict."""
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
                 "global_step": global_step, "args": asdict(args), "world_size": world_size,
-                "shared_rng": shared_rng.get_state(), "run_name": progress.run_name, "elapsed": progress.elapsed(),
+                "shared_rng": shared_rng.get_state(), "run_name": progress.run_name,
+                "elapsed": progress.elapsed_before + time.time() - progress.start_time,  # over every part of the run
                 "recent_returns": list(progress.recent_returns)}
 
     def policy(obs, gumbel):
@@ -821,12 +821,16 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
          "was given); drop --device-ids"),
         (args.backend and not dist.is_backend_available(args.backend), f"this torch build has no '{args.backend}' "
          "backend; use --backend gloo"),
-        (args.capture_video and not find_spec("moviepy"), "--capture-video needs moviepy: pip install moviepy"),
-        (args.track and not find_spec("wandb"), "--track needs wandb: pip install wandb"),
     ]
     for refused, why in refusals:
         if refused:
             raise ConfigError(why)
+    for option, package in (("capture_video", "moviepy"), ("track", "wandb")):
+        try:
+            if getattr(args, option):
+                __import__(package)
+        except ImportError:
+            raise ConfigError(f"--{option.replace('_', '-')} needs {package}: pip install {package}") from None
     return choose_backend(args.backend, world_size, ids, dist.is_nccl_available())
 
 
@@ -1126,10 +1130,6 @@ class Progress:
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda signum, frame: setattr(self, "signal_name", signal.Signals(signum).name))
 
-    def elapsed(self) -> float:
-        """Seconds of training, over every part of a resumed run."""
-        return self.elapsed_before + time.time() - self.start_time
-
     def end_iteration(self, iteration: int, global_step: int, agent: nn.Module, checkpoint, finite: torch.Tensor,
                       episodes: list, epochs: int, losses: dict, learning_rate: float, rollout_time: float,
                       update_time: float) -> int:
@@ -1212,7 +1212,7 @@ class Progress:
             return
         status = {0: "finished", EXIT_INTERRUPTED: "interrupted", EXIT_NON_FINITE: "stopped (non-finite)",
                   EXIT_RANKS_DISAGREE: "stopped (the processes' weights differ)"}[exit_code]
-        wall, returns = self.elapsed(), self.recent_returns
+        wall, returns = self.elapsed_before + time.time() - self.start_time, self.recent_returns
         cost = f" | cost {self.args.cost_per_hour * wall / 3600:.2f}" if self.args.cost_per_hour is not None else ""
         print(f"summary: {status} | {global_step:,} / {self.sizes.num_iterations * self.sizes.batch_size:,} steps | "
               f"wall {timedelta(seconds=int(wall))} | {global_step / max(wall, 1e-9):,.0f} steps/s | return "
