@@ -186,6 +186,10 @@ def baseline_table(runs: list, baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cell(value: float) -> str:
+    return "-" if np.isnan(value) else f"{value:.2f}"
+
+
 def window_table(runs: list, window: int, ends=None) -> str:
     """Per env and configuration: each seed's mean return over the games that ended in each window of steps
     (every window, or the windows ending at `ends`)."""
@@ -202,10 +206,13 @@ def window_table(runs: list, window: int, ends=None) -> str:
         lines += [f"{env_id}, {config}: mean return of the games ending in each {window:,}-step window", "",
                   "| seed | " + " | ".join(f"{lo / 1e6:g}M-{(lo + window) / 1e6:g}M" for lo in edges) + " |",
                   "|---|" + "---|" * len(edges)]
-        lines += [f"| {run.seed} | " + " | ".join(f"{v:.2f}" for v in row) + " |" for run, row in zip(group, rows)]
+        lines += [f"| {run.seed} | " + " | ".join(map(cell, row)) + " |" for run, row in zip(group, rows)]
         if len(group) > 1:
-            with np.errstate(all="ignore"):
-                lines.append("| mean | " + " | ".join(f"{v:.2f}" for v in np.nanmean(rows, axis=0)) + " |")
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                lines.append("| mean | " + " | ".join(map(cell, np.nanmean(rows, axis=0))) + " |")
+        if np.isnan(rows).any():
+            lines += ["", "-: no game ended in that window."]
         lines.append("")
     return "\n".join(lines)
 

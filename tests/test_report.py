@@ -131,6 +131,12 @@ def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | resumed |"))
     assert row.endswith("| 400 | 5 min | 1 |"), row
 
+    # A window the run has not reached (500-600 steps, for a run still going) holds no game: "-", not nan.
+    result = subprocess.run(command + ["600"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = (out / "learning.md").read_text()
+    assert "| 1 | 2.00 | 5.00 | - |" in table and "-: no game ended in that window." in table
+
     # The published band is drawn: the same curves with and without it are different pictures.
     png = out / "learning-BreakoutNoFrameskip-v4.png"
     without = png.read_bytes()
