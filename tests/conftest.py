@@ -3,6 +3,7 @@
 import glob
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -50,6 +51,44 @@ def torchrun_cmd(nproc: int, args, extra=("--standalone", "--nnodes=1"), script=
 def run_torchrun(nproc, args, cwd, timeout=180, script=SCRIPT) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_cmd(nproc, args, script=script), cwd=cwd, env=script_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def no_core_files() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGABRT would otherwise dump a core per process
+
+
+def run_nodes(args, cwd, timeout: float, script=SCRIPT, nodes: int = 2) -> list:
+    """Run one single-process torchrun per 'node' on this machine; return [(returncode, stdout, stderr)] by node.
+
+    Each node writes to its own files, so none can block on a full pipe while another is read. torchrun logs
+    each stage (LOGLEVEL=INFO); a job still running at the deadline gets SIGABRT on every process, which makes
+    each one print its threads' stacks (PYTHONFAULTHANDLER), and the test fails with all of it.
+    """
+    port, cwd = free_port(), Path(cwd)
+    env = {**script_env(), "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO"}
+    jobs = []
+    for node in range(nodes):
+        extra = (f"--nnodes={nodes}", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}")
+        with open(cwd / f"node{node}.out", "w") as out, open(cwd / f"node{node}.err", "w") as err:
+            jobs.append(subprocess.Popen(torchrun_cmd(1, args, extra, script), cwd=cwd, env=env, stdout=out,
+                                         stderr=err, preexec_fn=no_core_files))
+    deadline = time.time() + timeout
+    try:
+        for job in jobs:
+            job.wait(timeout=max(deadline - time.time(), 1))
+    except subprocess.TimeoutExpired:
+        for pid in tagged_pids(_current_tag[0]):
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        for job in jobs:
+            job.wait(timeout=30)
+        logs = "\n".join(f"--- node {n} stdout:\n{(cwd / f'node{n}.out').read_text()[-3000:]}\n--- node {n} stderr:\n"
+                         f"{(cwd / f'node{n}.err').read_text()[-12000:]}" for n in range(nodes))
+        raise AssertionError(f"the {nodes} nodes were still running after {timeout} s:\n{logs}") from None
+    return [(job.returncode, (cwd / f"node{n}.out").read_text(), (cwd / f"node{n}.err").read_text())
+            for n, job in enumerate(jobs)]
 
 
 def event_files(cwd) -> list:

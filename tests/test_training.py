@@ -1,14 +1,13 @@
 """End-to-end runs of the real script: torchrun, plain python, two 'nodes', and determinism."""
 
 import re
-import subprocess
 import time
 
 import pytest
 import torch
 
-from conftest import (SCRIPT, TINY, broken_copy, event_files, final_digests, free_port, kill_tagged, run_python,
-                      run_torchrun, scalars, script_env, tagged_pids, torchrun_cmd)
+from conftest import (SCRIPT, TINY, broken_copy, event_files, final_digests, kill_tagged, run_nodes, run_python,
+                      run_torchrun, scalars, tagged_pids)
 
 LOSSES = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
@@ -64,19 +63,10 @@ def test_torch_threads_are_set_per_process(tmp_path):
 
 
 def check_two_nodes_on_one_machine(cwd, script=SCRIPT, timeout=120):
-    port = free_port()
-    commands = [
-        torchrun_cmd(1, [*TINY, "--total-timesteps", "256"], script=script,
-                     extra=("--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"))
-        for node in (0, 1)
-    ]
-    nodes = [subprocess.Popen(cmd, cwd=cwd, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for cmd in commands]
-    deadline = time.time() + timeout
-    outputs = [node.communicate(timeout=max(deadline - time.time(), 1)) for node in nodes]
-    for node, (out, err) in zip(nodes, outputs):
-        assert node.returncode == 0, err
-    node0_out, node1_out = outputs[0][0], outputs[1][0]
+    results = run_nodes([*TINY, "--total-timesteps", "256"], cwd, timeout, script)
+    for returncode, _, err in results:
+        assert returncode == 0, err
+    (_, node0_out, _), (_, node1_out, _) = results
     assert node1_out.strip() == ""  # nothing printed by the non-zero global rank
     seeds = {int(rank): (int(lo), int(hi)) for rank, lo, hi in
              re.findall(r"^rank (\d+): host .*, env seeds (\d+)\.\.(\d+)$", node0_out, re.MULTILINE)}
@@ -96,7 +86,7 @@ def test_two_node_check_catches_a_script_that_uses_the_local_rank(tmp_path, proc
     broken = broken_copy(tmp_path, "rank=RANK,", "rank=LOCAL_RANK,")
     (tmp_path / "run").mkdir()
     started = time.time()
-    with pytest.raises((AssertionError, subprocess.TimeoutExpired)):
+    with pytest.raises(AssertionError):
         check_two_nodes_on_one_machine(tmp_path / "run", script=broken, timeout=60)
     assert time.time() - started < 90
     kill_tagged(process_tag)  # what the fixture does when any test ends
@@ -163,15 +153,8 @@ if os.environ["GROUP_RANK"] == "0":
 import ppo_atari_multigpu as ppo
 ppo.main()
 """)
-    port = free_port()
-    nodes = [subprocess.Popen(torchrun_cmd(1, [*TINY, "--total-timesteps", "256"], script=launcher,
-                                           extra=("--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
-                                                  f"--master-port={port}")),
-                              cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for node in (0, 1)]
-    outputs = [node.communicate(timeout=90) for node in nodes]
-    for node, (out, err) in zip(nodes, outputs):
-        assert node.returncode != 0
+    for returncode, _, err in run_nodes([*TINY, "--total-timesteps", "256"], tmp_path, 90, launcher):
+        assert returncode != 0
         errors = re.findall(r"^ppo_atari_multigpu\.py: error: .*$", err, re.M)
         assert len(errors) == 1 and "the nodes chose different backends: rank 1 on" in errors[0], err
         assert "chose gloo, rank 0 on" in errors[0] and "chose nccl" in errors[0]
