@@ -1,4 +1,4 @@
-"""One-command GPU check: the runs that show how the script uses one GPU machine, in at most 8 minutes.
+"""One-command GPU check: the runs that show how the script uses one GPU machine, each about --seconds of training.
 
     python benchmarks/gpu_check.py                            # on a machine with a GPU (and 16 cores or so)
     python benchmarks/gpu_check.py --no-cuda --seconds 5 --num-steps 16   # the same runs on the CPU: a smoke test
@@ -80,6 +80,7 @@ def write_report(path: Path, device: str, gpus: int, machine: dict, rows: list, 
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
+
 
 if __name__ == "__main__":
     sys.exit(main())
