@@ -510,8 +510,9 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     sizes = batch_sizes(args, world_size)
     checkpoint_dir = Path("checkpoints") / run_id(args)
     resumed = load_resume_state(args, checkpoint_dir, rank, world_size)  # None for a fresh run
-    # A resumed run gets fresh env seeds, still distinct across the job.
-    seeds = env_seeds(args.seed + (resumed["iteration"] * sizes.num_envs if resumed else 0), rank, args.local_num_envs)
+    # A resumed run gets fresh env seeds, still distinct across the job and from every other experiment seed's.
+    seeds = env_seeds(args.seed, (resumed["iteration"] * sizes.num_envs if resumed else 0) + rank * args.local_num_envs,
+                      args.local_num_envs)
     print_banner(args, sizes, backend, device, seeds, rank=rank, world_size=world_size,
                  env_threads=sum(getattr(group.envs, "num_threads", 0) for group in groups))
 
@@ -762,6 +763,7 @@ def make_env_groups(args: Args, record_video_dir: Optional[str] = None, env_thre
     return [EnvGroup(vector_env(start, stop), slice(start, stop)) for start, stop in parts]
 
 
+ENV_SEEDS_PER_SEED, MAX_SEEDS = 2**20, 2048  # MAX_SEEDS * ENV_SEEDS_PER_SEED = 2^31: int32, as ale-py needs
 EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_NON_FINITE, EXIT_RANKS_DISAGREE = 2, 3, 4, 5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -800,6 +802,11 @@ def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_c
         (args.num_steps % args.num_minibatches, f"--num-minibatches {args.num_minibatches} does not divide "
          f"--num-steps {args.num_steps}: each minibatch takes num_steps / num_minibatches steps of every env; pick "
          f"sizes that divide evenly"),
+        (not 0 <= args.seed < MAX_SEEDS, f"--seed must be in 0..{MAX_SEEDS - 1}, got {args.seed}: each seed owns "
+         f"{ENV_SEEDS_PER_SEED:,} env seeds of its own below 2^31, the limit of ale-py's vector env"),
+        (sizes.num_iterations * sizes.num_envs >= ENV_SEEDS_PER_SEED, f"--total-timesteps {args.total_timesteps} "
+         f"/ --num-steps {args.num_steps} could draw {sizes.num_iterations * sizes.num_envs:,} env seeds (a resumed "
+         f"run draws fresh ones), more than the {ENV_SEEDS_PER_SEED - 1:,} a seed may use: raise --num-steps"),
         (sizes.num_iterations == 0, f"--total-timesteps {args.total_timesteps} is smaller than one global batch "
          f"({sizes.batch_size} = {world_size} processes x {args.local_num_envs} envs x {args.num_steps} steps): the "
          f"run would train nothing; raise --total-timesteps or shrink the batch"),
@@ -897,9 +904,11 @@ def run_id(args: Args) -> str:
     return f"{args.env_id}__{args.exp_name}__{args.seed}"
 
 
-def env_seeds(seed: int, rank: int, local_num_envs: int) -> list[int]:
-    """Seeds of this rank's envs: consecutive blocks per global rank, so no two envs of a job share one."""
-    return [seed + rank * local_num_envs + i for i in range(local_num_envs)]
+def env_seeds(seed: int, first: int, count: int) -> list[int]:
+    """Env seeds `first .. first + count - 1` of experiment `seed`. Each experiment seed owns its own block of
+    ENV_SEEDS_PER_SEED (seed 1: 1, 2, 3, ...; seed s: from 1 + (s - 1) * 2^20; seed 0 the last block), so no two
+    envs of a job, and no two experiment seeds, share one. ale-py's vector env takes int32 seeds: 2,048 blocks."""
+    return [1 + (seed - 1) % MAX_SEEDS * ENV_SEEDS_PER_SEED + first + i for i in range(count)]
 
 
 def all_gather(obj, world_size: int) -> list:

@@ -9,6 +9,9 @@
 #                                    # seed 1, every other setting default (ENV_ID default BreakoutNoFrameskip-v4);
 #                                    # the same command continues it (--resume auto) and, once the run has finished,
 #                                    # plays 30 games with its final model
+#   bash benchmarks/returns.sh cpu-10m-64 mb256|default   # Breakout at 10M steps with 64 envs (2 processes x 32), the
+#                                    # experiment of 8 GPUs x 8 envs: mb256 keeps the published minibatch of 256
+#                                    # (--num-minibatches 32), default leaves every other setting default
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -16,9 +19,10 @@
 #   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|cpu-10m|gpu}"
+protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|cpu-10m|cpu-10m-64|gpu}"
 folder="${protocol%%-*}"
 [ "$protocol" = cpu-10m ] && folder=10m
+[ "$protocol" = cpu-10m-64 ] && folder=10m-64
 out="$root/benchmarks/results/learning-$folder"
 mkdir -p "$out"
 cd "$out"
@@ -28,6 +32,25 @@ run() {  # run <nproc> <exp-name> <args...>
     shift 2
     echo "== $(date -u +%FT%TZ) $name $*"
     torchrun --standalone --nnodes=1 --nproc-per-node="$nproc" "$root/ppo_atari_multigpu.py" --exp-name "$name" "$@"
+}
+
+ten_million() {  # ten_million <env-id> <seed> <nproc> <exp-name> <args...>
+    # One run over several sessions (the same command continues it with --resume auto). Its working folder
+    # (checkpoints, TensorBoard log, console) lies outside the clone, in $RUNS_DIR (default ~/ppo-runs); after
+    # every part the run is stored as text in the results folder (to_text.py), with its console.
+    local env_id="$1" seed="$2" nproc="$3" name="$4"
+    shift 4
+    local key="${env_id}__${name}__${seed}" status=0
+    local work="${RUNS_DIR:-$HOME/ppo-runs}/$folder-$key"
+    mkdir -p "$work"
+    cd "$work"
+    run "$nproc" "$name" --env-id "$env_id" --seed "$seed" --resume auto "$@" 2>&1 | tee -a console.txt || status=$?
+    python "$root/benchmarks/to_text.py" runs --out "$out/runs"
+    cp console.txt "$out/console-$key.txt"
+    [ "$status" = 0 ] || exit "$status"  # interrupted: continue it with the same command
+    # Reached once the run has finished: 30 whole games of the final model, actions sampled.
+    python "$root/ppo_atari_multigpu.py" --eval-checkpoint "checkpoints/$key/final_model.pt" \
+        --eval-episodes 30 2>&1 | tee "$out/eval-$key.txt"
 }
 
 case "$protocol" in
@@ -55,21 +78,15 @@ cpu-shared)
     done
     ;;
 cpu-10m)
-    # One run over several sessions (the same command continues it with --resume auto). Its working folder
-    # (checkpoints, TensorBoard log, console) lies outside the clone, in $RUNS_DIR (default ~/ppo-runs); after
-    # every part the run is stored as text in the results folder (to_text.py), with its console.
-    env_id="${2:-BreakoutNoFrameskip-v4}"
-    work="${RUNS_DIR:-$HOME/ppo-runs}/10m-$env_id"
-    mkdir -p "$work"
-    cd "$work"
-    status=0
-    run 2 2x4-fp32 --env-id "$env_id" --local-num-envs 4 --seed 1 --resume auto 2>&1 | tee -a console.txt || status=$?
-    python "$root/benchmarks/to_text.py" runs --out "$out/runs"
-    cp console.txt "$out/console-$env_id.txt"
-    [ "$status" = 0 ] || exit "$status"  # interrupted: continue it with the same command
-    # Reached once the run has finished: 30 whole games of the final model, actions sampled.
-    python "$root/ppo_atari_multigpu.py" --eval-checkpoint "checkpoints/${env_id}__2x4-fp32__1/final_model.pt" \
-        --eval-episodes 30 2>&1 | tee "$out/eval-$env_id.txt"
+    ten_million "${2:-BreakoutNoFrameskip-v4}" 1 2 2x4-fp32 --local-num-envs 4
+    ;;
+cpu-10m-64)
+    # 64 envs (2 processes x 32): the experiment of the README's 8-GPU command (8 processes x 8 envs).
+    case "${2:-}" in
+    mb256) ten_million BreakoutNoFrameskip-v4 1 2 2x32-mb256 --local-num-envs 32 --num-minibatches 32 ;;
+    default) ten_million BreakoutNoFrameskip-v4 1 2 2x32 --local-num-envs 32 ;;
+    *) echo "usage: returns.sh cpu-10m-64 mb256|default" >&2; exit 2 ;;
+    esac
     ;;
 gpu)
     for env in PongNoFrameskip-v4 BeamRiderNoFrameskip-v4 BreakoutNoFrameskip-v4; do

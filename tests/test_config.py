@@ -74,8 +74,32 @@ def test_every_float_argument_must_be_finite(value):
 
 
 def test_env_seeds_never_overlap_across_ranks():
-    seeds = [s for rank in range(16) for s in ppo.env_seeds(seed=1, rank=rank, local_num_envs=8)]
+    seeds = [s for rank in range(16) for s in ppo.env_seeds(seed=1, first=rank * 8, count=8)]
     assert len(seeds) == len(set(seeds)) == 128
+
+
+def test_experiment_seeds_have_disjoint_env_seeds():
+    # Seed 1 keeps env j -> 1 + j (its published results were computed so); seed s starts at 1 + (s - 1) * 2^20,
+    # seed 0 at the last of the 2,048 blocks: 1 + 2047 * 1,048,576 = 2,146,435,073.
+    assert ppo.env_seeds(1, 0, 3) == [1, 2, 3] and ppo.env_seeds(1, 80, 2) == [81, 82]
+    assert ppo.env_seeds(2, 0, 2) == [1_048_577, 1_048_578] and ppo.env_seeds(3, 5, 1) == [2_097_158]
+    assert ppo.env_seeds(0, 0, 1) == [2_146_435_073] and ppo.env_seeds(0, 2**20 - 2, 1) == [2**31 - 1]
+    # A 10M-step run of 8 envs draws 8 fresh seeds at each of its 9,765 possible resumes: still disjoint.
+    drawn = {s: set(ppo.env_seeds(s, 0, 9_766 * 8)) for s in (0, 1, 2, 3)}
+    assert all(drawn[a].isdisjoint(drawn[b]) for a in drawn for b in drawn if a < b)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"seed": 2048}, "--seed must be in 0..2047"), ({"seed": -1}, "--seed must be in 0..2047"),
+    # 131,072 iterations x 8 envs could draw env seeds up to 1,048,575 past the first: one too many for seed 0's
+    # block, whose last seed is 2^31 - 1; 131,071 iterations fit.
+    ({"total_timesteps": 131_072 * 1024}, "could draw 1,048,576 env seeds .*more than the 1,048,575"),
+])
+def test_seeds_beyond_the_env_seed_blocks_are_refused(settings, message):
+    with pytest.raises(ppo.ConfigError, match=message):
+        ppo.check_args(ppo.Args(**settings), world_size=1, local_world_size=1, cuda_device_count=0)
+    if "total_timesteps" in settings:
+        ppo.check_args(ppo.Args(total_timesteps=131_071 * 1024), world_size=1, local_world_size=1, cuda_device_count=0)
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,9 @@ def test_signal_to_one_rank_stops_every_rank_and_resume_reaches_the_exact_total(
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"resumed from {checkpoint.relative_to(tmp_path)} at iteration {saved['iteration']}" in result.stdout
     assert f"parameter digest {saved_digest}" in result.stdout  # the parameters right after resume are the saved ones
+    # Fresh env seeds: the job's 4 envs (2 x 2) used 1..4; after iteration i they take 1 + 4i .. 4 + 4i.
+    first = 1 + 4 * saved["iteration"]
+    assert f"rank 1: " in result.stdout and f"env seeds {first + 2}..{first + 3}\n" in result.stdout
     # One TensorBoard run, every iteration exactly once: nothing lost, nothing logged twice.
     assert logged_steps(tmp_path) == [GLOBAL_BATCH * i for i in range(1, total_iterations + 1)]
     assert f"summary: finished | {total_iterations * GLOBAL_BATCH:,} / {total_iterations * GLOBAL_BATCH:,} steps" in result.stdout
