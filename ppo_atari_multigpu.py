@@ -362,10 +362,10 @@ def compute_advantages(rewards, values, dones, next_value, next_done, *, gamma: 
     return advantages, advantages + values
 
 
-def flat_gradient_buffer(model: nn.Module) -> torch.Tensor:
+def flat_gradient_buffer(parameters) -> torch.Tensor:
     """Make every parameter's .grad a view into one flat tensor, so the all-reduce needs no copies.
     Each view keeps its parameter's strides (channels_last convolutions), as autograd expects."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in parameters if p.requires_grad]
     flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     offset = 0
     for p in params:
@@ -375,11 +375,17 @@ def flat_gradient_buffer(model: nn.Module) -> torch.Tensor:
 
 
 def make_learner(num_actions: int, device: torch.device, learning_rate: float) -> tuple:
-    """The agent (channels-last), its fused Adam (eps 1e-5) and the flat buffer its gradients live in."""
+    """The agent (channels-last), its fused Adam (eps 1e-5) and the flat buffer the gradients of everything the
+    optimizer steps live in."""
     agent = Agent(num_actions).to(device, memory_format=torch.channels_last)
-    flat_grad = flat_gradient_buffer(agent)
+    # ALGO LOGIC: what is trained. A parameter outside the agent joins here, as a param group of its own, before
+    # the flat buffer is made: its gradient is then all-reduced, clipped, scheduled and compared like the agent's.
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-    return agent, optimizer, flat_grad
+    return agent, optimizer, flat_gradient_buffer(trained_parameters(optimizer))
+
+
+def trained_parameters(optimizer: torch.optim.Optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def get_lr(iteration: int, num_iterations: int, learning_rate: float, anneal: bool) -> float:
@@ -490,7 +496,7 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
             loss.backward()
             with ALLREDUCE_TIMER(flat_grad.device):
                 all_reduce_mean_(flat_grad, world_size)
-            grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            grad_norm = nn.utils.clip_grad_norm_(trained_parameters(optimizer), args.max_grad_norm)
             optimizer.step()
             finite &= torch.isfinite(loss) & torch.isfinite(grad_norm)  # checked once per iteration
             totals = totals + torch.stack([value.detach() for value in stats.values()])
@@ -526,9 +532,13 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = fp32_precision
     num_actions = groups[0].envs.single_action_space.n
     agent, optimizer, flat_grad = make_learner(num_actions, device, args.learning_rate)
+    base_lrs = [group["lr"] for group in optimizer.param_groups]  # each group's full rate, annealed alike
+    # Every tensor the processes must hold equal: what the optimizer steps and the agent's buffers.
+    shared_state = trained_parameters(optimizer) + list(agent.buffers())
+    outside_agent = [p for p in trained_parameters(optimizer) if all(p is not q for q in agent.parameters())]
     if world_size > 1:
-        for p in agent.parameters():
-            dist.broadcast(p.data, src=0)
+        for tensor in shared_state:
+            dist.broadcast(tensor.data, src=0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     # The shared stream. Every process draws the whole job's random numbers from it, in the same order (action
     # noise, then minibatches), and uses its own envs' part: env j's randomness then does not depend on where
@@ -540,11 +550,14 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     if resumed:  # continue exactly: the weights, Adam's moments and the shared stream
         agent.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
+        for p, saved in zip(outside_agent, resumed.get("other_parameters", [])):
+            p.data.copy_(saved)
         shared_rng.set_state(resumed["shared_rng"])
 
     def checkpoint(iteration: int) -> dict:
         """Everything needed to continue, as a plain dict."""
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration,
+                "other_parameters": [p.detach().cpu() for p in outside_agent],
                 "global_step": global_step, "args": asdict(args), "world_size": world_size,
                 "shared_rng": shared_rng.get_state(), "run_name": progress.run_name,
                 "elapsed": progress.elapsed_before + time.time() - progress.start_time,  # over every part of the run
@@ -558,10 +571,11 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                                device)
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
-    progress = Progress(args, sizes, groups, rank, world_size, checkpoint_dir, resumed, agent)  # catches signals
+    progress = Progress(args, sizes, groups, rank, world_size, checkpoint_dir, resumed, shared_state)  # catches signals
     global_step, exit_code, iteration = progress.global_step, 0, progress.start_iteration - 1
     for iteration in range(progress.start_iteration, sizes.num_iterations + 1):
-        optimizer.param_groups[0]["lr"] = get_lr(iteration, sizes.num_iterations, args.learning_rate, args.anneal_lr)
+        for group, base_lr in zip(optimizer.param_groups, base_lrs):
+            group["lr"] = get_lr(iteration, sizes.num_iterations, base_lr, args.anneal_lr)
 
         rollout_start = time.perf_counter()
         gumbel = draw_gumbel(shared_rng, args.num_steps, sizes.num_envs, num_actions)[:, local_envs].to(device)
@@ -596,12 +610,12 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         update_time = time.perf_counter() - update_start
 
         # TRY NOT TO MODIFY: every rank stops, checkpoints and logs together
-        exit_code = progress.end_iteration(iteration, global_step, agent, checkpoint, finite, episodes, epochs,
+        exit_code = progress.end_iteration(iteration, global_step, shared_state, checkpoint, finite, episodes, epochs,
                                            losses, optimizer.param_groups[0]["lr"], rollout_time, update_time)
         if exit_code:
             break
     if exit_code == 0:  # a last checkpoint (to resume with more steps) and the final model
-        exit_code = progress.save(agent, checkpoint(iteration), final=True)
+        exit_code = progress.save(shared_state, checkpoint(iteration), final=True)
     progress.finish(exit_code, global_step)
     return exit_code
 
@@ -1006,10 +1020,12 @@ class SectionTimer:
 ALLREDUCE_TIMER = SectionTimer()  # the gradient all-reduces (perf/allreduce_time)
 
 
-def parameter_digest(model: nn.Module) -> str:
-    """A short hash of the exact parameter bytes, to compare ranks."""
-    flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+def parameter_digest(tensors) -> str:
+    """A short hash of the exact bytes of `tensors` (each in its logical order, of any dtype), to compare ranks."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().reshape(-1).cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -1065,14 +1081,19 @@ def load_checkpoint(path: Path, required=("model", "args")) -> dict:
 
 def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: int) -> Optional[dict]:
     """Rank 0 reads and checks the checkpoint to resume; every rank gets the same state (or the same refusal).
-    The state is the saved dict plus `path` and `notes` (the settings that changed)."""
-    if not args.resume:
-        return None
+    The state is the saved dict plus `path` and `notes` (the settings that changed). A fresh run never starts
+    in a folder holding another run's checkpoints: its rotation would delete them."""
     verdict = [None]
     if rank == 0:
         try:
-            path = latest_checkpoint(checkpoint_dir) if args.resume == "auto" else Path(args.resume)
-            if path is not None:
+            latest = latest_checkpoint(checkpoint_dir)
+            if not args.resume and (latest or (checkpoint_dir / "final_model.pt").exists()):
+                raise ConfigError(f"{checkpoint_dir} holds the checkpoints of an earlier run of this env, --exp-name "
+                                  f"and --seed: continue it with --resume auto, or name this run with another --exp-name")
+            if args.resume == "auto" and latest is None:
+                print(f"note: --resume auto found no checkpoint in {checkpoint_dir}: starting a new run", flush=True)
+            path = latest if args.resume == "auto" else args.resume and Path(args.resume)
+            if path:
                 saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
                                                         "world_size", "shared_rng", "run_name"))
                 verdict = [{**saved, "path": path, "notes": check_resume(saved, args, world_size)}]
@@ -1116,7 +1137,7 @@ class Progress:
     agreement of the ranks, checkpoints, and the logs (TensorBoard and the console, on global rank 0)."""
 
     def __init__(self, args: Args, sizes: BatchSizes, groups: list, rank: int, world_size: int, checkpoint_dir: Path,
-                 resumed: Optional[dict], agent: nn.Module):
+                 resumed: Optional[dict], shared_state: list):
         self.args, self.sizes, self.groups, self.rank, self.world_size = args, sizes, groups, rank, world_size
         self.master, self.checkpoint_dir = rank == 0, checkpoint_dir
         self.start_iteration, self.global_step, self.elapsed_before, self.run_name = (
@@ -1125,7 +1146,7 @@ class Progress:
         self.recent_returns = deque(resumed["recent_returns"] if resumed else [], maxlen=100)
         if resumed and self.master:
             print(f"resumed from {resumed['path']} at iteration {resumed['iteration']} (global step "
-                  f"{self.global_step:,}), parameter digest {parameter_digest(agent)}", flush=True)
+                  f"{self.global_step:,}), parameter digest {parameter_digest(shared_state)}", flush=True)
             for note in resumed["notes"]:
                 print(f"note: resuming with a changed setting: {note}", flush=True)
         self.writer = (open_writer(args, sizes, self.run_name, world_size, self.global_step, resumed)
@@ -1139,7 +1160,7 @@ class Progress:
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda signum, frame: setattr(self, "signal_name", signal.Signals(signum).name))
 
-    def end_iteration(self, iteration: int, global_step: int, agent: nn.Module, checkpoint, finite: torch.Tensor,
+    def end_iteration(self, iteration: int, global_step: int, shared_state: list, checkpoint, finite: torch.Tensor,
                       episodes: list, epochs: int, losses: dict, learning_rate: float, rollout_time: float,
                       update_time: float) -> int:
         """One all-reduce decides for every rank whether to stop (a signal, on any rank, or a non-finite loss)
@@ -1160,7 +1181,7 @@ class Progress:
                       file=sys.stderr, flush=True)
             return EXIT_NON_FINITE
         per_rank = all_gather((episodes, epochs), self.world_size)
-        if (checkpoint_now or stop_now) and self.save(agent, checkpoint(iteration)):
+        if (checkpoint_now or stop_now) and self.save(shared_state, checkpoint(iteration)):
             return EXIT_RANKS_DISAGREE
         env_time, allreduce_time = sum(group.wait_seconds for group in self.groups), ALLREDUCE_TIMER.pop_seconds()
         for group in self.groups:
@@ -1194,10 +1215,10 @@ class Progress:
             return EXIT_INTERRUPTED
         return 0
 
-    def save(self, agent: nn.Module, state: dict, final: bool = False) -> int:
+    def save(self, shared_state: list, state: dict, final: bool = False) -> int:
         """Check that every rank holds the same weights, then write the checkpoint (and the final model).
         Returns the exit code: 0, or EXIT_RANKS_DISAGREE with nothing written."""
-        digests = all_gather(parameter_digest(agent), self.world_size)  # data parallelism needs equal weights
+        digests = all_gather(parameter_digest(shared_state), self.world_size)  # data parallelism needs equal weights
         differ = [r for r, digest in enumerate(digests) if digest != digests[0]]
         if differ:
             if self.master:

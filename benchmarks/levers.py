@@ -69,7 +69,7 @@ def levers(device, repeats: int, with_compile: bool) -> list:
 
     agent = make_agent(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-4, eps=1e-5, fused=True)
-    flat_grad = ppo.flat_gradient_buffer(agent)
+    flat_grad = ppo.flat_gradient_buffer(agent.parameters())
 
     # 1. uint8 rollout storage (scaled inside the network) vs float32 storage (scaled when stored).
     def update_from(storage, scale):

@@ -182,11 +182,15 @@ def pytest_sessionfinish(session):
     kill_tagged(f"session-{os.getpid()}")  # module fixtures run before a test's tag is set
 
 
-def broken_copy(tmp_path, old: str, new: str) -> Path:
-    """A copy of the script with one fault put in (`old` replaced by `new`, exactly once)."""
+def broken_copy(tmp_path, old: str, new: str, *more: str, folder: str = "broken") -> Path:
+    """A copy of the script with one fault put in (`old` replaced by `new`, exactly once), or several edits:
+    `more` continues the list of (old, new) pairs."""
     source = SCRIPT.read_text()
-    assert source.count(old) == 1, f"the script no longer contains {old!r} exactly once"
-    path = tmp_path / "broken" / SCRIPT.name
+    edits = [old, new, *more]
+    for old, new in zip(edits[::2], edits[1::2]):
+        assert source.count(old) == 1, f"the script no longer contains {old!r} exactly once"
+        source = source.replace(old, new)
+    path = tmp_path / folder / SCRIPT.name
     path.parent.mkdir()
-    path.write_text(source.replace(old, new))
+    path.write_text(source)
     return path

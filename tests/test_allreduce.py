@@ -37,7 +37,7 @@ def worker(rank: int, port: int, state_dict, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     agent = make_agent(state_dict)
-    flat_grad = ppo.flat_gradient_buffer(agent)
+    flat_grad = ppo.flat_gradient_buffer(agent.parameters())
     loss_of(agent, *batch_for(rank)).backward()
     ppo.all_reduce_mean_(flat_grad, WORLD_SIZE)
     results[rank] = {name: p.grad.clone() for name, p in agent.named_parameters()}
@@ -67,7 +67,7 @@ def test_flat_all_reduce_is_the_mean_of_rank_gradients():
 
 def test_gradient_views_alias_the_flat_buffer():
     agent = make_agent()
-    flat_grad = ppo.flat_gradient_buffer(agent)
+    flat_grad = ppo.flat_gradient_buffer(agent.parameters())
     assert flat_grad.numel() == sum(p.numel() for p in agent.parameters())
     loss_of(agent, *batch_for(0)).backward()
     assert flat_grad.abs().sum() > 0

@@ -32,7 +32,7 @@ def checkpoints(cwd) -> list:
 def digest_of(path) -> str:
     agent = ppo.Agent(num_actions=4)
     agent.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["model"])
-    return ppo.parameter_digest(agent)
+    return ppo.parameter_digest(agent.parameters())
 
 
 def torchrun_exit_codes(output: str) -> dict:
@@ -89,6 +89,24 @@ def test_signal_to_one_rank_stops_every_rank_and_resume_reaches_the_exact_total(
     assert logged_steps(tmp_path) == [GLOBAL_BATCH * i for i in range(1, total_iterations + 1)]
     assert f"summary: finished | {total_iterations * GLOBAL_BATCH:,} / {total_iterations * GLOBAL_BATCH:,} steps" in result.stdout
     assert len(set(final_digests(result.stdout).values())) == 1
+
+
+def test_a_fresh_run_never_overwrites_an_earlier_runs_checkpoints(finished_run, tmp_path):
+    shutil.copytree(finished_run[0], tmp_path, dirs_exist_ok=True)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "checkpoints" / RUN_ID).iterdir()}
+    # The same env, --exp-name and seed, without --resume: a sweep's second run, on 2 processes here.
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "384", "--checkpoint-interval-minutes", "0.0001"], cwd=tmp_path)
+    assert torchrun_exit_codes(result.stderr) == {0: ppo.EXIT_CONFIG_ERROR, 1: ppo.EXIT_CONFIG_ERROR}
+    assert [line for line in result.stderr.splitlines() if "error:" in line] == [
+        f"ppo_atari_multigpu.py: error: checkpoints/{RUN_ID} holds the checkpoints of an earlier run of this env, "
+        "--exp-name and --seed: continue it with --resume auto, or name this run with another --exp-name"]
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "checkpoints" / RUN_ID).iterdir()}
+    assert after == before and len(list((tmp_path / "runs").iterdir())) == 1  # nothing written, nothing deleted
+    # --resume auto with nothing to continue says so, then starts.
+    result = run_python([*TINY, "--total-timesteps", "64", "--resume", "auto", "--exp-name", "other"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("note: --resume auto found no checkpoint in checkpoints/BreakoutNoFrameskip-v4__other__1: starting a new "
+            "run\n") in result.stdout
 
 
 def test_sigterm_to_the_launcher_checkpoints_and_exits_within_seconds(tmp_path):

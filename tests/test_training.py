@@ -160,3 +160,51 @@ ppo.main()
         assert "chose gloo, rank 0 on" in errors[0] and "chose nccl" in errors[0]
         assert "Traceback" not in err.split("ppo_atari_multigpu.py: error:")[0]
     assert not (tmp_path / "runs").exists()
+
+
+# An extension as a researcher writes it: a learnable parameter outside the Agent, in its own param group with its
+# own rate, whose gradient differs between processes (it follows each process's own advantages), and a buffer of
+# the Agent that each process starts differently.
+EXTENSION = [
+    "    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)\n",
+    "    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)\n"
+    '    optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(1, device=device))], "lr": 1e-2})\n',
+    "                                   vf_coef=args.vf_coef)\n",
+    "                                   vf_coef=args.vf_coef)\n"
+    '            loss = loss + (optimizer.param_groups[1]["params"][0] * batch["advantages"][mb].mean()).sum()\n',
+    "        self.critic = layer_init(nn.Linear(512, 1), std=1)\n",
+    "        self.critic = layer_init(nn.Linear(512, 1), std=1)\n"
+    '        self.register_buffer("marker", torch.full((1,), float(os.environ.get("RANK", "0"))))\n',
+    "    progress.finish(exit_code, global_step)\n",
+    '    extra, group = optimizer.param_groups[1]["params"][0], optimizer.param_groups[1]\n'
+    '    print(f"rank {rank}: extra {extra.item()!r} lr {group[\'lr\']!r} marker {agent.marker.item()!r}", flush=True)\n'
+    "    progress.finish(exit_code, global_step)\n",
+]
+
+
+def test_a_parameter_outside_the_agent_is_trained_alike_on_every_process(tmp_path):
+    script = broken_copy(tmp_path, *EXTENSION, folder="extended")
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "384", "--checkpoint-interval-minutes", "0.0001"],
+                          cwd=script.parent, script=script)
+    assert result.returncode == 0, result.stderr
+    printed = dict(re.findall(r"^rank (\d): (extra .*)$", result.stdout + result.stderr, re.M))
+    assert set(printed) == {"0", "1"} and printed["0"] == printed["1"], printed  # all-reduced: equal on both
+    extra, lr, marker = re.fullmatch(r"extra (\S+) lr (\S+) marker (\S+)", printed["0"]).groups()
+    assert float(extra) != 0.0  # it was trained
+    assert float(lr) == pytest.approx(1e-2 / 3, rel=1e-12)  # its own rate, annealed: (1 - 2/3) x 1e-2 in iteration 3
+    assert float(marker) == 0.0  # rank 0's buffer, broadcast at the start
+    assert len(set(final_digests(result.stdout).values())) == 1
+
+
+@pytest.mark.parametrize("drift", [
+    # after every update, process 1 nudges the outside parameter, or the agent's buffer
+    'optimizer.param_groups[1]["params"][0].data.add_(1e-3 * dist.get_rank())',
+    "agent.marker.add_(dist.get_rank())",
+])
+def test_processes_compare_every_trained_parameter_and_buffer(tmp_path, drift):
+    script = broken_copy(tmp_path, *EXTENSION, "            optimizer.step()\n",
+                         f"            optimizer.step()\n            {drift}\n", folder="extended")
+    result = run_torchrun(2, [*TINY, "--total-timesteps", "384", "--checkpoint-interval-minutes", "0.0001"],
+                          cwd=script.parent, script=script)
+    assert result.returncode != 0
+    assert "error: processes 1 hold parameters different from process 0's after iteration 1" in result.stderr
