@@ -177,9 +177,9 @@ class FireReset(gym.Wrapper):
 
 def make_env(env_id: str, record_video_dir: Optional[str] = None):
     def thunk():
-        # Grey from ALE's own luminance, before the max over frames (as AtariPreprocessing); frameskip 1 and no
-        # sticky actions: v5 ids skip 4 frames and repeat actions themselves, these are the classic settings.
-        env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0,
+        # Grey from ALE's own luminance, before the max over frames (as AtariPreprocessing). Frameskip 1 (the
+        # wrappers skip 4 frames), the id's own sticky actions, drawn on every emulator frame: 0.25 for v5 ids.
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=sticky_actions(env_id),
                        render_mode="rgb_array" if record_video_dir else None)
         if record_video_dir:
             env = gym.wrappers.RecordVideo(env, record_video_dir, disable_logger=True)
@@ -714,7 +714,7 @@ class AtariVectorGames(gym.vector.VectorWrapper):
         super().__init__(ale_py.AtariVectorEnv(
             kwargs["game"], num_envs, num_threads=num_threads, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
             max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108_000), frameskip=4,
-            repeat_action_probability=0.0, noop_max=30, use_fire_reset=True, episodic_life=False,
+            repeat_action_probability=sticky_actions(env_id), noop_max=30, use_fire_reset=True, episodic_life=False,
             reward_clipping=False))
         self.num_threads = num_threads
         self.returns, self.steps, self.lives = np.zeros(num_envs), np.zeros(num_envs, np.int64), None
@@ -949,19 +949,21 @@ def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: 
     print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "
           f"(local {sizes.local_batch_size}) | minibatch {sizes.minibatch_size} "
           f"(local {sizes.local_minibatch_size}) | iterations {sizes.num_iterations}", flush=True)
-    note = classic_settings_note(args.env_id)
-    if note:
-        print(note, flush=True)
+    print(protocol(args.env_id), flush=True)
 
 
-def classic_settings_note(env_id: str) -> Optional[str]:
-    """Ids that skip frames or repeat actions themselves run with the classic settings; say so."""
-    kwargs = gym.spec(env_id).kwargs
-    if kwargs.get("frameskip", 1) != 1 or kwargs.get("repeat_action_probability", 0.0) != 0.0:
-        return (f"note: {env_id} registers frameskip={kwargs.get('frameskip')} and sticky actions "
-                f"{kwargs.get('repeat_action_probability')}; running it with the classic settings instead "
-                f"(frameskip 1 + max-and-skip 4, no sticky actions), as BreakoutNoFrameskip-v4 style ids do")
-    return None
+def sticky_actions(env_id: str) -> float:
+    """The probability of repeating the previous action, as the id registers it: 0.25 for v5, 0 for v4 ids."""
+    return gym.spec(env_id).kwargs.get("repeat_action_probability", 0.0)
+
+
+def protocol(env_id: str) -> str:
+    """The banner's line on the dynamics an id runs with."""
+    frameskip, sticky = gym.spec(env_id).kwargs.get("frameskip", 1), sticky_actions(env_id)
+    return (f"protocol: {env_id}, 4 frames per step (max-and-skip 4"
+            + (f", in place of the id's frameskip {frameskip}" if frameskip != 1 else "") + "), "
+            + (f"sticky actions {sticky} on every frame (Machado et al. 2018)" if sticky else
+               "no sticky actions (the DeepMind protocol of the published PPO results)"))
 
 
 def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, global_step: int, resumed):

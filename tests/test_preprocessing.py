@@ -112,17 +112,57 @@ def test_vector_env_stores_only_real_transitions():
     single.close()
 
 
-def test_v5_ids_run_with_classic_settings():
-    note = ppo.classic_settings_note("ALE/Breakout-v5")
-    assert note and "frameskip=4" in note and "classic settings" in note
-    assert ppo.classic_settings_note("BreakoutNoFrameskip-v4") is None
-    env = ppo.make_env("ALE/Breakout-v5")()
-    env.reset(seed=0)
-    frames = env.unwrapped.ale.getEpisodeFrameNumber()
-    env.step(0)
-    assert env.unwrapped.ale.getEpisodeFrameNumber() - frames == 4  # one agent step is 4 frames, not 16
-    assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+def paddle_moves(env_id: str, trials: int = 100) -> list:
+    """How far Breakout's paddle (RAM byte 72) moves in one agent step of RIGHT that follows two NOOP steps."""
+    env = ppo.make_env(env_id)()
+    env.reset(seed=3)
+    ram, moves = env.unwrapped.ale.getRAM, []
+    for _ in range(trials):
+        env.step(0)
+        env.step(0)
+        before = int(ram()[72])
+        _, _, terminated, truncated, _ = env.step(2)
+        moves.append(int(ram()[72]) - before)
+        env.step(3)  # back LEFT, away from the wall
+        env.step(3)
+        if terminated or truncated:
+            env.reset()
     env.close()
+    return moves
+
+
+def test_ids_run_with_the_sticky_actions_they_register():
+    for env_id, sticky in (("BreakoutNoFrameskip-v4", 0.0), ("ALE/Breakout-v5", 0.25)):
+        env = ppo.make_env(env_id)()
+        env.reset(seed=0)
+        frames = env.unwrapped.ale.getEpisodeFrameNumber()
+        env.step(0)
+        assert env.unwrapped.ale.getEpisodeFrameNumber() - frames == 4  # one agent step is 4 frames, not 16
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == sticky
+        env.close()
+    assert "no sticky actions" in ppo.protocol("BreakoutNoFrameskip-v4")
+    assert "sticky actions 0.25 on every frame" in ppo.protocol("ALE/Breakout-v5")
+    # Without sticky actions RIGHT moves the paddle for all 4 frames of a step (9 or more units, 0 at the wall).
+    # With v5's, each frame repeats the previous frame's action (NOOP here) with probability 0.25, so the paddle
+    # also moves for only 1-3 of the 4 frames (1-8 units), in about 1 - 0.75 - 0.25^4 = 25% of the steps; sticky
+    # actions decided once per agent step would move it all 4 frames or none.
+    assert not [m for m in paddle_moves("BreakoutNoFrameskip-v4") if 0 < m < 9]
+    partial = [m for m in paddle_moves("ALE/Breakout-v5") if 0 < m < 9]
+    assert len(partial) >= 10, partial
+
+
+def test_the_ale_vector_env_runs_the_ids_sticky_actions():
+    # The same seeds and actions: a v4 id replays its games exactly, a v5 id's sticky actions change them.
+    actions = np.random.default_rng(0).integers(4, size=(200, 2))
+
+    def frames(env_id):
+        envs = ppo.AtariVectorGames(env_id, 2, num_threads=1)
+        seen = [envs.reset(seed=np.array([5, 6]))[0]] + [envs.step(a)[0] for a in actions]
+        envs.close()
+        return np.stack(seen)
+
+    assert np.array_equal(frames("BreakoutNoFrameskip-v4"), frames("BreakoutNoFrameskip-v4"))
+    assert not np.array_equal(frames("BreakoutNoFrameskip-v4"), frames("ALE/Breakout-v5"))
 
 
 def test_async_vector_env_matches_sync():
