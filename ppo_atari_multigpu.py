@@ -690,11 +690,16 @@ def main() -> None:
     if RANK == 0 and exit_code == 0 and args.eval_final:
         evaluate(str(Path("checkpoints") / run_id(args) / "final_model.pt"), args.eval_episodes, args.local_num_envs,
                  device, args.seed + 10_000)
-    # When a peer exits first with a non-zero code, torchrun sends SIGTERM to the rest; Python restores the
-    # default handlers while it shuts down, so that signal would replace this rank's exit code.
+    # When a peer exits first with a non-zero code, torchrun sends SIGTERM to the rest: it must not replace this
+    # rank's exit code.
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    sys.exit(exit_code)
+    # Leave without the interpreter's teardown (everything is written and closed): torch.optim imports
+    # torch._dynamo, which keeps references to the process group, so destroy_process_group leaves gloo's threads
+    # running, and tearing the group down under them at exit can abort a finished rank (SIGABRT).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 # ===================================================================================================

@@ -1,10 +1,11 @@
 """Faults across ranks: a crashing rank, the final evaluation, the agreed early stop, and Weights & Biases."""
 
 import re
+import subprocess
 import time
 
-from conftest import (ROOT, TINY, broken_copy, run_python, run_torchrun, scalars, start_torchrun,
-                      tagged_pids, wait_until, worker_pids)
+from conftest import (ROOT, TINY, broken_copy, run_python, run_torchrun, scalars, script_env, start_torchrun,
+                      tagged_pids, torchrun_cmd, wait_until, worker_pids)
 
 # Minibatches of 4 samples make each rank's KL noisy, so the ranks' own KLs fall on either side of the target
 # in some epoch (in the second iteration when this was written, which the agreed decision stops early): a per-rank decision would split the ranks there.
@@ -111,3 +112,30 @@ def test_track_without_wandb_names_the_package(tmp_path):
                         extra_env={"PYTHONPATH": str(hidden.parent)})
     assert result.returncode == 2
     assert "--track needs wandb: pip install wandb" in result.stderr and "Traceback" not in result.stderr
+
+
+TEARDOWN_WATCH = """import atexit, os
+if os.environ.get("RANK"):
+    print(f"rank {os.environ['RANK']}: watching the interpreter's teardown", flush=True)
+
+@atexit.register
+def report():
+    threads = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    if any("gloo" in name for name in threads):
+        print(f"rank {os.environ.get('RANK')}: interpreter teardown with gloo threads running: {threads}", flush=True)
+"""
+
+
+def test_a_finished_rank_exits_without_tearing_down_a_live_process_group(tmp_path):
+    # A finished rank used to leave through the interpreter's teardown while gloo's threads still ran (torch.optim
+    # imports torch._dynamo, which keeps the process group alive after destroy_process_group); tearing the group
+    # down under them aborted a rank now and then (SIGABRT after the summary, so torchrun called the job failed).
+    # An atexit hook, loaded into every process through sitecustomize, reports such a teardown.
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / "sitecustomize.py").write_text(TEARDOWN_WATCH)
+    result = subprocess.run(torchrun_cmd(2, [*TINY, "--total-timesteps", "256"]), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=180, env={**script_env(), "PYTHONPATH": str(tmp_path / "watch")})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "rank 0: watching" in output and "rank 1: watching" in output and "summary: finished" in output
+    assert "teardown with gloo threads" not in output, output
