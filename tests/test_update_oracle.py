@@ -64,13 +64,14 @@ def shuffled_steps(num_envs: int, num_steps: int, epochs: int) -> torch.Tensor:
 
 def oracle_update(args, initial: dict, batch: dict, orders: torch.Tensor, lr: float):
     """`update_epochs` passes over the whole (num_steps, num_envs) batch; minibatch k of an epoch takes the
-    k-th slice of every env's order of steps."""
+    k-th slice of every env's order of steps. Returns the parameters, the mean statistics, Adam's first moments
+    and every minibatch's gradient norm (before clipping)."""
     params = {name: t.detach().clone().contiguous().requires_grad_() for name, t in initial.items()}
     m = {name: torch.zeros_like(p) for name, p in params.items()}
     v = {name: torch.zeros_like(p) for name, p in params.items()}
     num_envs, num_steps = orders.shape[1:]
     per_env = num_steps // args.num_minibatches
-    beta1, beta2, eps, step, stats = 0.9, 0.999, 1e-5, 0, []
+    beta1, beta2, eps, step, stats, norms = 0.9, 0.999, 1e-5, 0, [], []
     for epoch in range(args.update_epochs):
         for k in range(args.num_minibatches):
             samples = [(int(t), env) for env in range(num_envs) for t in orders[epoch, env, k * per_env:(k + 1) * per_env]]
@@ -79,6 +80,7 @@ def oracle_update(args, initial: dict, batch: dict, orders: torch.Tensor, lr: fl
             stats.append(mb_stats)
             grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
             norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+            norms.append(norm)
             scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
             step += 1
             with torch.no_grad():
@@ -89,7 +91,7 @@ def oracle_update(args, initial: dict, batch: dict, orders: torch.Tensor, lr: fl
                     m_hat, v_hat = m[name] / (1 - beta1 ** step), v[name] / (1 - beta2 ** step)
                     p -= lr * m_hat / (v_hat.sqrt() + eps)
     means = {key: sum(s[key] for s in stats) / len(stats) for key in stats[0]}
-    return {name: p.detach() for name, p in params.items()}, means, m
+    return {name: p.detach() for name, p in params.items()}, means, m, norms
 
 
 def make_batch(initial: dict, num_steps: int, num_envs: int, seed: int) -> dict:
@@ -160,33 +162,37 @@ def test_update_matches_the_textbook_update(options):
     initial = initial_weights()
     batch = make_batch(initial, 8, 8, seed=1)
     final, losses, moments = script_update(args, initial, batch, ORDERS, world_size=1, rank=0, lr=2.5e-4)
-    expected, oracle_stats, expected_moments = oracle_update(args, initial, batch, ORDERS, lr=2.5e-4)
+    expected, oracle_stats, expected_moments, _ = oracle_update(args, initial, batch, ORDERS, lr=2.5e-4)
     assert_same_update(final, expected, initial, moments, expected_moments)
     for name, value in oracle_stats.items():  # the logged statistics: means over the 16 minibatches
         assert losses[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert 0 < losses["clipfrac"] < 1
 
 
-def worker(rank: int, port: int, initial: dict, batch: dict, results):
+def worker(rank: int, port: int, initial: dict, batch: dict, results, max_grad_norm: float):
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    args = ppo.Args(**{**TWO_RANKS, "local_num_envs": 4})  # half the envs per rank: the same 64 samples in all
+    # half the envs per rank: the same 64 samples in all
+    args = ppo.Args(**{**ARGS, "local_num_envs": 4, "max_grad_norm": max_grad_norm})
     results[rank] = script_update(args, initial, batch, ORDERS, world_size=2, rank=rank, lr=2.5e-4)
     dist.destroy_process_group()
 
 
-# Gradient norms stay below 100: unclipped, so that a sum over ranks instead of the mean shows in Adam's moments.
-TWO_RANKS = {**ARGS, "max_grad_norm": 100.0}
 
-
-def test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch():
+# 100: gradient norms stay below it, unclipped, so that a sum over ranks instead of the mean shows in Adam's moments.
+# 0.05: every minibatch's gradient is clipped, so that clipping each process's gradient before the all-reduce
+# (rather than their mean after it) shows.
+@pytest.mark.parametrize("max_grad_norm", [100.0, 0.05])
+def test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch(max_grad_norm):
     torch.set_num_threads(1)
     initial = initial_weights()
     whole = make_batch(initial, 8, 8, seed=2)
     results = mp.Manager().dict()
-    mp.spawn(worker, args=(free_port(), initial, whole, results), nprocs=2, join=True)
-    expected, oracle_stats, expected_moments = oracle_update(ppo.Args(**TWO_RANKS), initial, whole, ORDERS, lr=2.5e-4)
+    mp.spawn(worker, args=(free_port(), initial, whole, results, max_grad_norm), nprocs=2, join=True)
+    expected, oracle_stats, expected_moments, norms = oracle_update(
+        ppo.Args(**{**ARGS, "max_grad_norm": max_grad_norm}), initial, whole, ORDERS, lr=2.5e-4)
+    assert max(norms) < max_grad_norm if max_grad_norm == 100.0 else min(norms) > max_grad_norm
     for rank in range(2):
         final, losses, moments = results[rank]
         assert_same_update(final, expected, initial, moments, expected_moments)
