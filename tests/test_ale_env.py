@@ -108,3 +108,13 @@ def test_frames_are_the_python_stacks():
     assert terminated and steps > 100 and len(np.unique(obs)) > 2
     env.close()
     fast.close()
+
+
+def test_games_start_after_0_to_29_no_ops():
+    # ale-py counts one frame per reset no-op, then one for the FIRE press: a game starts at frame (no-ops + 1).
+    # 32 seeds draw from 30 counts: a few repeat, most differ; without no-ops every game would start at frame 1.
+    envs = ppo.AtariVectorGames("BreakoutNoFrameskip-v4", 32, num_threads=1)
+    _, info = envs.reset(seed=np.arange(100, 132))
+    envs.close()
+    noops = info["episode_frame_number"] - 1
+    assert noops.min() >= 0 and noops.max() <= 29 and len(set(noops.tolist())) >= 12, noops

@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -263,3 +264,34 @@ def test_capture_video_records_rank_0_in_training_and_every_evaluation_game(tmp_
     assert result.returncode == 0, result.stderr
     videos = sorted((tmp_path / "videos" / "eval__final_model").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
+
+
+class GameLog(ppo.gym.vector.VectorWrapper):
+    """The real vector env, noting which env finished each game, in order."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.games = []
+
+    def step(self, actions):
+        result = self.env.step(actions)
+        final = result[4].get("final_info", {})
+        if "episode" in final:
+            self.games += [(int(i), float(final["episode"]["r"][i])) for i in np.flatnonzero(final["_episode"])]
+        return result
+
+
+def test_evaluation_takes_a_fixed_quota_of_games_from_every_env(tmp_path, monkeypatch):
+    # An untrained policy, 4 games on 2 envs: 2 from each. With evaluation seed 1, env 1 finishes three games
+    # before env 0 finishes its second; taking the first 4 games to end would count env 1's third game (short
+    # games would be over-represented) and drop env 0's second.
+    torch.manual_seed(0)
+    model = tmp_path / "untrained.pt"
+    torch.save({"model": ppo.Agent(4).state_dict(), "args": ppo.asdict(ppo.Args())}, model)
+    logs, make = [], ppo.make_vector_env
+    monkeypatch.setattr(ppo, "make_vector_env", lambda *a, **k: logs.append(GameLog(make(*a, **k))) or logs[-1])
+    returns = ppo.evaluate(str(model), 4, 2, torch.device("cpu"), seed=1)
+    order = [env for env, _ in logs[0].games]
+    assert order.index(0, order.index(0) + 1) > [i for i, env in enumerate(order) if env == 1][2]  # the case above
+    quota = [(env, r) for n, (env, r) in enumerate(logs[0].games) if order[:n + 1].count(env) <= 2]
+    assert returns == [r for _, r in quota] and len(returns) == 4
