@@ -287,6 +287,13 @@ def main() -> None:
     runs = find_runs(opts.roots)
     if not runs:
         raise SystemExit(f"report.py: error: no runs (TensorBoard or text) under {', '.join(opts.roots)}")
+    first = {}
+    for run in runs:  # a seed counts once: a rerun of one would weigh twice in the mean over seeds
+        key = (run.env_id, run.config, run.seed)
+        if key in first:
+            raise SystemExit(f"report.py: error: {first[key]} and {run.path} are both seed {run.seed} of "
+                             f"{run.config} on {run.env_id}; report a rerun from a folder of its own")
+        first[key] = run.path
     if opts.baseline and sum(run.config == opts.baseline for run in runs) < 2:
         raise SystemExit(f"report.py: error: --baseline {opts.baseline} needs at least 2 seeds of that configuration")
     out = Path(opts.out)

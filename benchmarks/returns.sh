@@ -5,8 +5,8 @@
 #   bash benchmarks/returns.sh cpu-ale [SEED...]   # the same command with --vector-env ale (default seeds 1 2)
 #   bash benchmarks/returns.sh cpu-shared [SEED...]   # the fp32 command again, logged as 2x4-fp32-shared: the script
 #                                    # since its ranks share one random stream (default seeds 1 2)
-#   bash benchmarks/returns.sh cpu-10m [ENV_ID]   # the published scale on the CPU: 10M steps, 2 processes x 4 envs,
-#                                    # seed 1, every other setting default (ENV_ID default BreakoutNoFrameskip-v4);
+#   bash benchmarks/returns.sh cpu-10m [ENV_ID] [SEED]   # the published scale on the CPU: 10M steps, 2 processes x 4
+#                                    # envs, every other setting default (default BreakoutNoFrameskip-v4, seed 1);
 #                                    # the same command continues it (--resume auto) and, once the run has finished,
 #                                    # plays 30 games with its final model
 #   bash benchmarks/returns.sh cpu-10m-64 mb256|default   # Breakout at 10M steps with 64 envs (2 processes x 32), the
@@ -15,17 +15,17 @@
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
-# TensorBoard logs land in benchmarks/results/learning-<protocol>/runs/; summarise them with
-#   python benchmarks/report.py benchmarks/results/learning-<protocol>/runs --out benchmarks/results/learning-<protocol>
+# A rerun never writes over a committed result: results go to a new folder,
+# benchmarks/results/reruns/learning-<protocol>-<UTC time>/ (a 10M run's later parts to the folder its first
+# part chose), or to RESULTS=<folder> when set (how the committed results were extended). Summarise them with
+#   python benchmarks/report.py <folder>/runs --out <folder>
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 protocol="${1:?usage: returns.sh cpu|cpu-ale|cpu-shared|cpu-10m|cpu-10m-64|gpu}"
 folder="${protocol%%-*}"
 [ "$protocol" = cpu-10m ] && folder=10m
 [ "$protocol" = cpu-10m-64 ] && folder=10m-64
-out="$root/benchmarks/results/learning-$folder"
-mkdir -p "$out"
-cd "$out"
+out="${RESULTS:-$root/benchmarks/results/reruns/learning-$protocol-$(date -u +%Y%m%dT%H%M%SZ)}"
 
 run() {  # run <nproc> <exp-name> <args...>
     local nproc="$1" name="$2"
@@ -44,6 +44,9 @@ ten_million() {  # ten_million <env-id> <seed> <nproc> <exp-name> <args...>
     local work="${RUNS_DIR:-$HOME/ppo-runs}/$folder-$key"
     mkdir -p "$work"
     cd "$work"
+    [ -n "${RESULTS:-}" ] || [ ! -f results-folder ] || out="$(cat results-folder)"  # a later part of the same run
+    echo "$out" > results-folder
+    mkdir -p "$out"
     run "$nproc" "$name" --env-id "$env_id" --seed "$seed" --resume auto "$@" 2>&1 | tee -a console.txt || status=$?
     python "$root/benchmarks/to_text.py" runs --out "$out/runs"
     cp console.txt "$out/console-$key.txt"
@@ -53,6 +56,12 @@ ten_million() {  # ten_million <env-id> <seed> <nproc> <exp-name> <args...>
         --eval-episodes 30 2>&1 | tee "$out/eval-$key.txt"
 }
 
+case "$protocol" in
+cpu | cpu-ale | cpu-shared | gpu)
+    mkdir -p "$out"
+    cd "$out"
+    ;;
+esac
 case "$protocol" in
 cpu)
     for seed in 1 2 3 4; do
@@ -78,7 +87,7 @@ cpu-shared)
     done
     ;;
 cpu-10m)
-    ten_million "${2:-BreakoutNoFrameskip-v4}" 1 2 2x4-fp32 --local-num-envs 4
+    ten_million "${2:-BreakoutNoFrameskip-v4}" "${3:-1}" 2 2x4-fp32 --local-num-envs 4
     ;;
 cpu-10m-64)
     # 64 envs (2 processes x 32): the experiment of the README's 8-GPU command (8 processes x 8 envs).

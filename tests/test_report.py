@@ -1,14 +1,17 @@
-"""benchmarks/report.py on TensorBoard files written by real runs of the script."""
+"""benchmarks/report.py on TensorBoard files written by real runs of the script, and where returns.sh writes."""
 
 import gzip
+import os
 import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, run_python
+from conftest import ROOT, TAG_VARIABLE, run_python, script_env, tagged_pids, wait_until
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import report  # noqa: E402
@@ -77,6 +80,13 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     assert "| 2 of 2 (" in row and row.count("2 of 2") == 2, row
     result = subprocess.run(command + ["--baseline", "nope"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--baseline nope needs at least 2 seeds" in result.stderr
+
+    # A rerun of seed 1 (another start time) beside the first: refused, not averaged in as a third seed.
+    first = sorted((tmp_path / "text").iterdir())[0]
+    shutil.copytree(first, tmp_path / "text" / (first.name.rsplit("__", 1)[0] + "__9999999999"))
+    result = subprocess.run([sys.executable, REPORT, str(tmp_path / "text"), "--out", str(out)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0 and "are both seed 1 of tiny on BreakoutNoFrameskip-v4" in result.stderr
 
 
 def test_report_refuses_an_empty_folder(tmp_path):
@@ -162,3 +172,41 @@ def test_resumed_run_counts_only_the_time_it_ran(tmp_path):
     assert list(stored.returns) == [1, 3, 5]
     with gzip.open(text_folder / "games.csv.gz", "rt") as f:
         assert f.read().splitlines()[1:] == ["50.000,150,1.0,100", "90.000,180,3.0,300", "200.000,350,5.0,500"]
+
+
+def returns_sh_part(repo: Path, work: Path, console: Path, **extra_env) -> str:
+    """One part of `returns.sh cpu-10m BreakoutNoFrameskip-v4 2`: its torchrun is stopped (SIGTERM, as a
+    preemption) once an iteration more has been logged; returns.sh then stores the run as text and exits."""
+    logged = console.read_text().count("\niter ") if console.exists() else 0
+    job = subprocess.Popen(["bash", str(repo / "benchmarks" / "returns.sh"), "cpu-10m", "BreakoutNoFrameskip-v4", "2"],
+                           env={**script_env(), "RUNS_DIR": str(work), **extra_env}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    wait_until(lambda: console.exists() and console.read_text().count("\niter ") > logged, timeout=240)
+    (launcher,) = [pid for pid in tagged_pids(script_env()[TAG_VARIABLE])
+                   if b"torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(launcher, signal.SIGTERM)
+    output, _ = job.communicate(timeout=180)
+    assert job.returncode != 0 and "summary: interrupted" in output, output  # the same command continues it
+    return output
+
+
+def test_a_rerun_of_a_committed_result_writes_to_a_folder_of_its_own(tmp_path):
+    # returns.sh in a copy of the repository: the 10M command for Breakout's seed 2, in two parts.
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "benchmarks" / "results" / "learning-10m").mkdir(parents=True)  # a committed result to keep
+    shutil.copy(ROOT / "ppo_atari_multigpu.py", repo)
+    for name in ("returns.sh", "to_text.py", "report.py"):
+        shutil.copy(ROOT / "benchmarks" / name, repo / "benchmarks")
+    console = work / "10m-BreakoutNoFrameskip-v4__2x4-fp32__2" / "console.txt"
+    returns_sh_part(repo, work, console)
+    (results,) = (repo / "benchmarks" / "results" / "reruns").iterdir()
+    assert results.name.startswith("learning-cpu-10m-")
+    assert not list((repo / "benchmarks" / "results" / "learning-10m").iterdir())  # untouched
+    assert (results / "console-BreakoutNoFrameskip-v4__2x4-fp32__2.txt").read_text() == console.read_text()
+    (run,) = (results / "runs").iterdir()
+    assert run.name.startswith("BreakoutNoFrameskip-v4__2x4-fp32__2__") and (run / "games.csv.gz").is_file()
+    # The next part continues the run (--resume auto) and stores it in the folder its first part chose.
+    output = returns_sh_part(repo, work, console)
+    assert "resumed from checkpoints/BreakoutNoFrameskip-v4__2x4-fp32__2/" in output
+    assert list((repo / "benchmarks" / "results" / "reruns").iterdir()) == [results]
+    assert [p.name for p in (results / "runs").iterdir()] == [run.name]
