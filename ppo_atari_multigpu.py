@@ -54,7 +54,7 @@ class Args:
     device_ids: tuple[int, ...] = ()  # one CUDA device id per local process; empty means cuda:<LOCAL_RANK>
     backend: Optional[Literal["gloo", "nccl", "mpi"]] = None  # None: nccl on GPUs, gloo on the CPU
     track: bool = False  # if toggled, also log to Weights & Biases (global rank 0; needs `pip install wandb`)
-    wandb_project_name: str = "cleanRL"  # the Weights & Biases project
+    wandb_project_name: str = "ppo_atari_multigpu"  # the Weights & Biases project
     wandb_entity: Optional[str] = None  # the Weights & Biases entity (team)
     capture_video: bool = False  # record videos of one env of global rank 0
 

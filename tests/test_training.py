@@ -162,10 +162,15 @@ ppo.main()
     assert not (tmp_path / "runs").exists()
 
 
-# An extension as a researcher writes it: a learnable parameter outside the Agent, in its own param group with its
-# own rate, whose gradient differs between processes (it follows each process's own advantages), and a buffer of
-# the Agent that each process starts differently.
+# An extension as a researcher writes it (the README's example): an auxiliary loss term, logged; a learnable
+# parameter outside the Agent, in its own param group with its own rate, whose gradient differs between processes
+# (it follows each process's own advantages); and a buffer of the Agent that each process starts differently.
 EXTENSION = [
+    "    loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef\n",
+    "    value_l1 = (newvalue - returns).abs().mean()\n"
+    "    loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef + 0.1 * value_l1\n",
+    '        stats = {"policy_loss": pg_loss,',
+    '        stats = {"value_l1": value_l1, "policy_loss": pg_loss,',
     "    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)\n",
     "    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)\n"
     '    optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(1, device=device))], "lr": 1e-2})\n',
@@ -194,6 +199,8 @@ def test_a_parameter_outside_the_agent_is_trained_alike_on_every_process(tmp_pat
     assert float(lr) == pytest.approx(1e-2 / 3, rel=1e-12)  # its own rate, annealed: (1 - 2/3) x 1e-2 in iteration 3
     assert float(marker) == 0.0  # rank 0's buffer, broadcast at the start
     assert len(set(final_digests(result.stdout).values())) == 1
+    logged = scalars(script.parent)["losses/value_l1"]
+    assert [step for step, _ in logged] == [128, 256, 384] and all(value > 0 for _, value in logged)
 
 
 @pytest.mark.parametrize("drift", [
