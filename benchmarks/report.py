@@ -10,7 +10,10 @@ a 95% confidence interval for that mean (Student's t over seeds), the steps reac
 steps/s; the mean return of each seed's games in every window of --window steps (200k by default; with
 --windows-at, only the windows ending at those steps); and per environment a PNG with the return against
 global steps and against wall time (mean over seeds, with a band from the lowest to the highest seed; with
---published ENV_ID MEAN STD, a band for that env's published result). Wall time counts only the time the run was logging:
+--published ENV_ID MEAN STD, a band for that env's published multi-GPU result; each seed is drawn thin beside
+the mean). With --published and --published-single, every configuration of 2 or more seeds is set against the
+published results: its seeds' mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test
+of the difference in means (the published side taken as 3 seeds). Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
 With --baseline CONFIG, each other configuration of the same
 environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
@@ -21,6 +24,7 @@ prediction interval (where one more baseline seed would fall).
 import argparse
 import csv
 import gzip
+import math
 import warnings
 from collections import defaultdict
 from itertools import combinations
@@ -32,6 +36,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 LAST_GAMES = 100
+PUBLISHED_SEEDS = 3  # CleanRL's published results: mean +- std (ddof 0) over 3 seeds
 GAME_TAGS = ("charts/episodic_return", "charts/episodic_length")
 # Two-sided 95% quantiles of Student's t for 1..20 degrees of freedom (above: the normal 1.96).
 T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -54,6 +59,40 @@ def prediction_interval(values) -> tuple:
     low, high = confidence_interval(values)
     half = (high - low) / 2 * np.sqrt(len(values) + 1)  # the CI's half-width is t * std / sqrt(n)
     return float(np.mean(values) - half), float(np.mean(values) + half)
+
+
+def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> tuple:
+    """Welch's t-test of mean(values) against a result known as mean +- std (ddof 0, as published) over other_n
+    seeds: (t, degrees of freedom, two-sided p). p integrates Student's t density numerically (any real dof)."""
+    values = np.asarray(values, dtype=float)
+    var_a = np.var(values, ddof=1) / len(values)
+    var_b = other_std ** 2 * other_n / (other_n - 1) / other_n  # the sample variance, over n
+    t = (values.mean() - other_mean) / np.sqrt(var_a + var_b)
+    dof = (var_a + var_b) ** 2 / (var_a ** 2 / (len(values) - 1) + var_b ** 2 / (other_n - 1))
+    x = np.linspace(0.0, abs(t), 20_001)
+    density = np.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+                     - (dof + 1) / 2 * np.log1p(x ** 2 / dof))
+    return float(t), float(dof), float(max(0.0, 1 - 2 * np.trapezoid(density, x)))
+
+
+def published_table(runs: list, published: dict) -> str:
+    """Per env and configuration of 2 or more seeds, against each published result of that env: the seeds'
+    mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test of the difference."""
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.env_id, run.config)].append(run.final_return)
+    lines = [f"| env | configuration | seeds | mean | std (ddof 0) | sample std | against | its mean +- std "
+             f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (env_id, config), finals in sorted(groups.items()):
+        for label, (mean, std) in published.get(env_id, {}).items():
+            if len(finals) < 2:
+                continue
+            t, dof, p = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
+            lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals):.2f} | {np.std(finals):.2f} | "
+                         f"{np.std(finals, ddof=1):.2f} | {label} | {mean:g} +- {std:g} | "
+                         f"{np.mean(finals) - mean:+.2f} | {t:+.2f} | {dof:.1f} | {p:.3f} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def permutation_p_value(a, b) -> float:
@@ -247,11 +286,11 @@ def plot(runs: list, out: Path, published: dict) -> list:
                 scale = 1 if axis == "steps" else 1 / 60
                 with warnings.catch_warnings():  # before the first game every seed's curve is NaN
                     warnings.simplefilter("ignore", RuntimeWarning)
-                    mean, low, high = (np.nanmean(curves, axis=0), np.nanmin(curves, axis=0),
-                                       np.nanmax(curves, axis=0))
-                line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seed{'s' if len(group) > 1 else ''})")
-                if len(group) > 1:
-                    ax.fill_between(grid * scale, low, high, color=line.get_color(), alpha=0.2)
+                    mean = np.nanmean(curves, axis=0)
+                line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seed{'s' if len(group) > 1 else ''}"
+                                + (": mean and each seed)" if len(group) > 1 else ")"))
+                for curve in curves if len(group) > 1 else []:
+                    ax.plot(grid * scale, curve, color=line.get_color(), alpha=0.45, linewidth=0.8)
         axes[0].set_xlabel("global step")
         axes[1].set_xlabel("wall time (minutes)")
         for ax in axes:
@@ -282,6 +321,8 @@ def main() -> None:
     parser.add_argument("--published", nargs=3, action="append", default=[], metavar=("ENV_ID", "MEAN", "STD"),
                         help="draw an env's published result (mean +- std over its seeds) as a band on its curves; "
                              "once per env")
+    parser.add_argument("--published-single", nargs=3, action="append", default=[], metavar=("ENV_ID", "MEAN", "STD"),
+                        help="an env's published single-process result, set against configurations of 2+ seeds")
     parser.add_argument("--baseline", help="configuration (exp_name) to set the others against")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
@@ -299,7 +340,12 @@ def main() -> None:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(runs, out, {env_id: (float(mean), float(std)) for env_id, mean, std in opts.published})
-    text = (f"# {opts.title}\n\n" + table(runs) + "\n"
+    published = defaultdict(dict)
+    for label, option in (("multi-GPU", opts.published), ("single-GPU", opts.published_single)):
+        for env_id, mean, std in option:
+            published[env_id][label] = (float(mean), float(std))
+    comparison = published_table(runs, published)
+    text = (f"# {opts.title}\n\n" + table(runs) + "\n" + (comparison + "\n" if comparison else "")
             + (baseline_table(runs, opts.baseline) + "\n" if opts.baseline else "")
             + window_table(runs, opts.window, opts.windows_at) + "\n"
             + "".join(f"![{p.stem}]({p.name})\n" for p in images))

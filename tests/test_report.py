@@ -81,6 +81,16 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     result = subprocess.run(command + ["--baseline", "nope"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--baseline nope needs at least 2 seeds" in result.stderr
 
+    # Against published results (mean +- ddof-0 std over 3 seeds): Welch's t of the two seeds' mean.
+    result = subprocess.run(command + ["--published", "BreakoutNoFrameskip-v4", "1", "0.5", "--published-single",
+                                       "BreakoutNoFrameskip-v4", "2", "0.5"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for label, mean in (("multi-GPU", 1.0), ("single-GPU", 2.0)):
+        row = next(line for line in (out / "learning.md").read_text().splitlines()
+                   if line.startswith(f"| BreakoutNoFrameskip-v4 | tiny | 2 | {np.mean(finals):.2f} |") and label in line)
+        t = (np.mean(finals) - mean) / np.sqrt(np.var(finals, ddof=1) / 2 + 0.5 ** 2 * 3 / 2 / 3)
+        assert f"| {np.mean(finals) - mean:+.2f} | {t:+.2f} |" in row, row
+
     # A rerun of seed 1 (another start time) beside the first: refused, not averaged in as a third seed.
     first = sorted((tmp_path / "text").iterdir())[0]
     shutil.copytree(first, tmp_path / "text" / (first.name.rsplit("__", 1)[0] + "__9999999999"))
@@ -93,6 +103,16 @@ def test_report_refuses_an_empty_folder(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path),
                              "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "no runs (TensorBoard or text)" in result.stderr
+
+
+def test_welch_t_test_worked_by_hand():
+    # Seeds 1, 2, 3 against a published 4 +- sqrt(2/3) over 3 seeds (ddof 0: seeds 3, 4, 5). Both sample variances
+    # are 1: t = (2 - 4) / sqrt(1/3 + 1/3) = -sqrt(6); dof = (2/3)^2 / (2 (1/3)^2 / 2) = 4. Student's t with 4 dof
+    # has the closed form F(t) = 1/2 + 3x/4 - x^3/4, x = t / sqrt(4 + t^2) = sqrt(0.6), so p = 2 (1 - F(sqrt 6)).
+    t, dof, p = report.welch_t_test([1, 2, 3], 4.0, np.sqrt(2 / 3), 3)
+    x = np.sqrt(0.6)
+    assert np.isclose(t, -np.sqrt(6)) and np.isclose(dof, 4.0)
+    assert np.isclose(p, 2 * (1 - (0.5 + 0.75 * x - 0.25 * x ** 3)), rtol=1e-6)  # 0.0705
 
 
 def test_baseline_statistics_worked_by_hand():
