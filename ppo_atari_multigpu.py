@@ -385,6 +385,7 @@ def make_learner(num_actions: int, device: torch.device, learning_rate: float) -
 
 
 def trained_parameters(optimizer: torch.optim.Optimizer) -> list:
+    """Everything the optimizer steps, in the order of its param groups."""
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
@@ -1099,8 +1100,8 @@ def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: i
                                   f"and --seed: continue it with --resume auto, or name this run with another --exp-name")
             if args.resume == "auto" and latest is None:
                 print(f"note: --resume auto found no checkpoint in {checkpoint_dir}: starting a new run", flush=True)
-            path = latest if args.resume == "auto" else args.resume and Path(args.resume)
-            if path:
+            path = latest if args.resume == "auto" else Path(args.resume) if args.resume else None
+            if path is not None:
                 saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
                                                         "world_size", "shared_rng", "run_name"))
                 verdict = [{**saved, "path": path, "notes": check_resume(saved, args, world_size)}]
