@@ -150,7 +150,8 @@ class Report:
     def write(self) -> None:
         lines = [f"# GPU check on {self.device}", "",
                  f"Command: `python benchmarks/gpu_check.py {' '.join(sys.argv[1:])}`, {time.strftime('%Y-%m-%d')}, "
-                 f"{(time.time() - self.started) / 60:.1f} min so far.", "",
+                 f"{(time.time() - self.started) / 60:.1f} min{' so far' if len(self.runs) < self.planned else ' in all'}.",
+                 "",
                  "Machine: " + ", ".join(f"{k} {v}" for k, v in self.machine.items()), ""]
         if not self.gpus:
             lines += ["**No GPU was used: a CPU run (`--no-cuda`) that checks every part works end to end; none of "
