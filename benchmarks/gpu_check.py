@@ -1,6 +1,6 @@
 """The GPU check, one call of at most 9 minutes: what a GPU host gives the script, and how fast it runs there.
 
-    python benchmarks/gpu_check.py                                        # on the GPU machine (about 6 minutes)
+    python benchmarks/gpu_check.py                                        # on the GPU machine (planned for under 9 min)
     python benchmarks/gpu_check.py --no-cuda --seconds 3 --num-steps 16   # the same parts on a CPU: a smoke test
 
 In order, the report (`benchmarks/results/gpu-check-<device>.md`) rewritten after every part, so a check cut
