@@ -1,4 +1,4 @@
-"""The GPU check, one call of at most 9 minutes: what a GPU host gives the script, and how fast it runs there.
+"""The GPU check, one call planned for under 9 minutes: what a GPU host gives the script, and how fast it runs there.
 
     python benchmarks/gpu_check.py                                        # on the GPU machine (planned for under 9 min)
     python benchmarks/gpu_check.py --no-cuda --seconds 3 --num-steps 16   # the same parts on a CPU: a smoke test
