@@ -201,6 +201,8 @@ def test_a_parameter_outside_the_agent_is_trained_alike_on_every_process(tmp_pat
     assert len(set(final_digests(result.stdout).values())) == 1
     logged = scalars(script.parent)["losses/value_l1"]
     assert [step for step, _ in logged] == [128, 256, 384] and all(value > 0 for _, value in logged)
+    (last,) = (script.parent / "checkpoints").glob("*/checkpoint_000000000384.pt")  # it is saved, to resume with
+    assert torch.load(last, weights_only=True)["other_parameters"][0].item() == float(extra)
 
 
 @pytest.mark.parametrize("drift", [
