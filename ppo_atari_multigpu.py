@@ -480,6 +480,7 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
     all were finite, and the epochs run."""
     adv_stats = advantage_stats(batch["advantages"][minibatches], world_size) if args.norm_adv else None
     totals, num_updates, finite = 0, 0, torch.ones((), dtype=torch.bool, device=flat_grad.device)
+    trained = trained_parameters(optimizer)
     for epoch in range(args.update_epochs):
         for m, mb in enumerate(minibatches[epoch]):
             with autocast:
@@ -497,7 +498,7 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
             loss.backward()
             with ALLREDUCE_TIMER(flat_grad.device):
                 all_reduce_mean_(flat_grad, world_size)
-            grad_norm = nn.utils.clip_grad_norm_(trained_parameters(optimizer), args.max_grad_norm)
+            grad_norm = nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
             optimizer.step()
             finite &= torch.isfinite(loss) & torch.isfinite(grad_norm)  # checked once per iteration
             totals = totals + torch.stack([value.detach() for value in stats.values()])
@@ -535,8 +536,9 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
     agent, optimizer, flat_grad = make_learner(num_actions, device, args.learning_rate)
     base_lrs = [group["lr"] for group in optimizer.param_groups]  # each group's full rate, annealed alike
     # Every tensor the processes must hold equal: what the optimizer steps and the agent's buffers.
-    shared_state = trained_parameters(optimizer) + list(agent.buffers())
-    outside_agent = [p for p in trained_parameters(optimizer) if all(p is not q for q in agent.parameters())]
+    trained = trained_parameters(optimizer)
+    shared_state = trained + list(agent.buffers())
+    outside_agent = [p for p in trained if all(p is not q for q in agent.parameters())]
     if world_size > 1:
         for tensor in shared_state:
             dist.broadcast(tensor.data, src=0)

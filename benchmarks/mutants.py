@@ -115,13 +115,12 @@ MUTANTS = [  # (name, what it breaks, exact original text, replacement, the test
      "test_truncation_is_bootstrapped_and_termination_is_not"),
     # the update and the learner
     ("grad-clip-skipped", "gradient clipping skipped",
-     "clip_grad_norm_(trained_parameters(optimizer), args.max_grad_norm)",
-     'clip_grad_norm_(trained_parameters(optimizer), float("inf"))',
+     "clip_grad_norm_(trained, args.max_grad_norm)", 'clip_grad_norm_(trained, float("inf"))',
      ORACLE + " test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch"),
     ("grad-clip-before-all-reduce", "each process clips its own gradient, before the all-reduce",
      "            with ALLREDUCE_TIMER(flat_grad.device):\n                all_reduce_mean_(flat_grad, world_size)\n"
-     "            grad_norm = nn.utils.clip_grad_norm_(trained_parameters(optimizer), args.max_grad_norm)\n",
-     "            grad_norm = nn.utils.clip_grad_norm_(trained_parameters(optimizer), args.max_grad_norm)\n"
+     "            grad_norm = nn.utils.clip_grad_norm_(trained, args.max_grad_norm)\n",
+     "            grad_norm = nn.utils.clip_grad_norm_(trained, args.max_grad_norm)\n"
      "            with ALLREDUCE_TIMER(flat_grad.device):\n                all_reduce_mean_(flat_grad, world_size)\n",
      "test_two_gloo_ranks_match_the_textbook_update_of_the_whole_batch"),
     ("allreduce-sum", "gradients summed over ranks, not averaged",
@@ -152,7 +151,7 @@ MUTANTS = [  # (name, what it breaks, exact original text, replacement, the test
      "    return agent, optimizer, flat_gradient_buffer(agent.parameters())\n",
      "test_a_parameter_outside_the_agent_is_trained_alike_on_every_process"),
     ("digest-agent-only", "the processes compare the agent's parameters only",
-     "    shared_state = trained_parameters(optimizer) + list(agent.buffers())\n",
+     "    shared_state = trained + list(agent.buffers())\n",
      "    shared_state = list(agent.parameters())\n",
      "test_a_parameter_outside_the_agent_is_trained_alike_on_every_process "
      "test_processes_compare_every_trained_parameter_and_buffer"),
