@@ -15,6 +15,8 @@ the mean). With --published and --published-single, every configuration of 2 or 
 published results: its seeds' mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test
 of the difference in means (the published side taken as 3 seeds). Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
+With --scalars TAG..., per-iteration logs (losses/approx_kl, losses/clipfrac, ...) are tabulated the same way: each
+configuration's mean over seeds of the tag's mean over the iterations ending in each window.
 With --baseline CONFIG, each other configuration of the same
 environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
 how many of its seeds fall inside the baseline's 95% confidence interval of the mean and inside its 95%
@@ -116,6 +118,7 @@ class Run:
     returns: np.ndarray
     steps_reached: int
     wall_seconds: float
+    scalars: dict  # per-iteration tag (losses/approx_kl, ...) -> (global steps, values)
 
     @property
     def final_return(self) -> float:
@@ -149,6 +152,8 @@ def read_text_run(folder: Path) -> Run:
         returns=np.array([float(g["return"]) for g in games]),
         steps_reached=int(iterations[-1]["step"]) if iterations else 0,
         wall_seconds=float(iterations[-1]["seconds"]) if iterations else 0.0,
+        scalars={tag: (np.array([int(i["step"]) for i in iterations]), np.array([float(i[tag]) for i in iterations]))
+                 for tag in (iterations[0] if iterations else {}) if tag not in ("seconds", "step")},
     )
 
 
@@ -166,6 +171,8 @@ def read_run(folder: Path) -> Run:
         returns=np.array([e.value for e in games]),
         steps_reached=max([e.step for e in progress] or [0]),
         wall_seconds=sum(end - start for start, end in segments),
+        scalars={tag: (np.array([e.step for e in acc.Scalars(tag)]), np.array([e.value for e in acc.Scalars(tag)]))
+                 for tag in acc.Tags()["scalars"] if tag not in GAME_TAGS},
     )
 
 
@@ -256,6 +263,35 @@ def window_table(runs: list, window: int, ends=None) -> str:
     return "\n".join(lines)
 
 
+def scalar_table(runs: list, tags: list, window: int, ends=None) -> str:
+    """Per env and logged tag: each configuration's mean over its seeds of the tag's mean over the iterations
+    that ended in each window of steps (every window, or the windows ending at `ends`)."""
+    lines = []
+    groups = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        groups[run.env_id][run.config].append(run)
+    for env_id, configs in sorted(groups.items()):
+        for tag in tags:
+            reached = max(run.steps_reached for group in configs.values() for run in group)
+            edges = [end - window for end in ends] if ends else range(0, reached, window)
+            lines += [f"{env_id}, `{tag}`: mean over the iterations ending in each {window:,}-step window "
+                      "(mean over seeds)", "",
+                      "| configuration | " + " | ".join(f"{lo / 1e6:g}M-{(lo + window) / 1e6:g}M" for lo in edges)
+                      + " |", "|---|" + "---|" * len(edges)]
+            for config, group in sorted(configs.items()):
+                if any(tag not in run.scalars for run in group):
+                    raise SystemExit(f"report.py: error: {config} on {env_id} has no logged {tag}")
+                means = []
+                for lo in edges:
+                    per_seed = [values[(steps >= lo) & (steps < lo + window)]
+                                for steps, values in (run.scalars[tag] for run in group)]
+                    means.append(float(np.mean([v.mean() for v in per_seed])) if all(len(v) for v in per_seed)
+                                 else float("nan"))
+                lines.append(f"| {config} | " + " | ".join("-" if np.isnan(m) else f"{m:.4g}" for m in means) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """The running mean over the last LAST_GAMES games, read off at each grid point (NaN before any game)."""
     cumulative = np.concatenate([[0.0], np.cumsum(run.returns)])
@@ -323,6 +359,8 @@ def main() -> None:
                              "once per env")
     parser.add_argument("--published-single", nargs=3, action="append", default=[], metavar=("ENV_ID", "MEAN", "STD"),
                         help="an env's published single-process result, set against configurations of 2+ seeds")
+    parser.add_argument("--scalars", nargs="+", default=[], metavar="TAG",
+                        help="also tabulate these per-iteration tags (e.g. losses/approx_kl losses/clipfrac) per window")
     parser.add_argument("--baseline", help="configuration (exp_name) to set the others against")
     opts = parser.parse_args()
     runs = find_runs(opts.roots)
@@ -348,6 +386,7 @@ def main() -> None:
     text = (f"# {opts.title}\n\n" + table(runs) + "\n" + (comparison + "\n" if comparison else "")
             + (baseline_table(runs, opts.baseline) + "\n" if opts.baseline else "")
             + window_table(runs, opts.window, opts.windows_at) + "\n"
+            + (scalar_table(runs, opts.scalars, opts.window, opts.windows_at) + "\n" if opts.scalars else "")
             + "".join(f"![{p.stem}]({p.name})\n" for p in images))
     (out / "learning.md").write_text(text)
     print(text)

@@ -26,17 +26,19 @@ def test_report_tables_and_plots_real_runs(tmp_path):
         result = run_python(["--local-num-envs", "2", "--num-steps", "128", "--total-timesteps", "768",
                              "--exp-name", "tiny", "--seed", str(seed)], cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-    finals = []
+    finals, clipfracs = [], []
     for run in sorted((tmp_path / "runs").iterdir()):
         acc = EventAccumulator(str(run))
         acc.Reload()
         returns = [e.value for e in acc.Scalars("charts/episodic_return")]
         assert returns, "the runs must finish at least one game"
         finals.append(np.mean(returns[-100:]))
+        clipfracs.append({e.step: e.value for e in acc.Scalars("losses/clipfrac")})
 
     out = tmp_path / "report"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), str(tmp_path / "runs"),
-                             "--out", str(out), "--window", "256"], capture_output=True, text=True, timeout=120)
+                             "--out", str(out), "--window", "256", "--scalars", "losses/clipfrac"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     table = (out / "learning.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| BreakoutNoFrameskip-v4 | tiny |"))
@@ -50,6 +52,10 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     # The per-window table: one row per seed and a mean row, one column per 256-step window
     assert "mean return of the games ending in each 256-step window" in table
     assert "| seed | 0M-0.000256M | 0.000256M-0.000512M | 0.000512M-0.000768M |" in table
+    # --scalars: one iteration (256 steps) ends in each window from the second on, so each cell is the seeds' mean
+    # of that iteration's logged clipfrac; no iteration ends before step 256.
+    expected = " | ".join(f"{(clipfracs[0][step] + clipfracs[1][step]) / 2:.4g}" for step in (256, 512))
+    assert f"| tiny | - | {expected} |" in table, table
     png = out / "learning-BreakoutNoFrameskip-v4.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "![learning-BreakoutNoFrameskip-v4](learning-BreakoutNoFrameskip-v4.png)" in table
@@ -60,7 +66,7 @@ def test_report_tables_and_plots_real_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not list((tmp_path / "text").rglob("events.out.tfevents.*"))
     result = subprocess.run([sys.executable, REPORT, str(tmp_path / "text"), "--out", str(tmp_path / "from-text"),
-                             "--window", "256"], capture_output=True, text=True, timeout=120)
+                             "--window", "256", "--scalars", "losses/clipfrac"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "from-text" / "learning.md").read_text() == table
     # ... and every logged loss and game, value by value (what compare_runs.py checks a refactoring with).
