@@ -16,7 +16,8 @@ published results: its seeds' mean, std (ddof 0, the published statistic) and sa
 of the difference in means (the published side taken as 3 seeds). Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
 With --scalars TAG..., per-iteration logs (losses/approx_kl, losses/clipfrac, ...) are tabulated the same way: each
-configuration's mean over seeds of the tag's mean over the iterations ending in each window.
+configuration's mean over seeds of the tag's mean over the iterations ending in each window (from text: the
+iterations to_text.py kept, at most 1,000 per run, evenly spaced).
 With --baseline CONFIG, each other configuration of the same
 environment is set against that one: the difference of the seeds' means, its exact permutation p-value, and
 how many of its seeds fall inside the baseline's 95% confidence interval of the mean and inside its 95%
