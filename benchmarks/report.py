@@ -172,7 +172,7 @@ def read_run(folder: Path) -> Run:
         returns=np.array([e.value for e in games]),
         steps_reached=max([e.step for e in progress] or [0]),
         wall_seconds=sum(end - start for start, end in segments),
-        scalars={tag: (np.array([e.step for e in acc.Scalars(tag)]), np.array([e.value for e in acc.Scalars(tag)]))
+        scalars={tag: tuple(np.array(column) for column in zip(*((e.step, e.value) for e in acc.Scalars(tag))))
                  for tag in acc.Tags()["scalars"] if tag not in GAME_TAGS},
     )
 
@@ -237,6 +237,11 @@ def cell(value: float) -> str:
     return "-" if np.isnan(value) else f"{value:.2f}"
 
 
+def window_starts(runs: list, window: int, ends=None) -> list:
+    """The first step of each window: those ending at `ends`, or every window up to the furthest run."""
+    return [end - window for end in ends] if ends else list(range(0, max(run.steps_reached for run in runs), window))
+
+
 def window_table(runs: list, window: int, ends=None) -> str:
     """Per env and configuration: each seed's mean return over the games that ended in each window of steps
     (every window, or the windows ending at `ends`)."""
@@ -245,8 +250,7 @@ def window_table(runs: list, window: int, ends=None) -> str:
     for run in runs:
         groups[(run.env_id, run.config)].append(run)
     for (env_id, config), group in sorted(groups.items()):
-        edges = ([end - window for end in ends] if ends
-                 else range(0, max(run.steps_reached for run in group), window))
+        edges = window_starts(group, window, ends)
         rows = [[float(np.mean(run.returns[(run.steps >= lo) & (run.steps < lo + window)]))
                  if np.any((run.steps >= lo) & (run.steps < lo + window)) else float("nan") for lo in edges]
                 for run in group]
@@ -272,9 +276,8 @@ def scalar_table(runs: list, tags: list, window: int, ends=None) -> str:
     for run in runs:
         groups[run.env_id][run.config].append(run)
     for env_id, configs in sorted(groups.items()):
+        edges = window_starts([run for group in configs.values() for run in group], window, ends)
         for tag in tags:
-            reached = max(run.steps_reached for group in configs.values() for run in group)
-            edges = [end - window for end in ends] if ends else range(0, reached, window)
             lines += [f"{env_id}, `{tag}`: mean over the iterations ending in each {window:,}-step window "
                       "(mean over seeds)", "",
                       "| configuration | " + " | ".join(f"{lo / 1e6:g}M-{(lo + window) / 1e6:g}M" for lo in edges)
