@@ -171,7 +171,7 @@ def read_run(folder: Path) -> Run:
         wall=active_seconds(np.array([e.wall_time for e in games]), segments),
         returns=np.array([e.value for e in games]),
         steps_reached=max([e.step for e in progress] or [0]),
-        wall_seconds=sum(end - start for start, end in segments),
+        wall_seconds=round(sum(end - start for start, end in segments), 3),  # to the ms, as to_text.py stores it
         scalars={tag: tuple(np.array(column) for column in zip(*((e.step, e.value) for e in acc.Scalars(tag))))
                  for tag in acc.Tags()["scalars"] if tag not in GAME_TAGS},
     )
