@@ -2,7 +2,7 @@
 
 One GPU (or a CPU-only machine):
     python ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-One node, 8 GPUs (one process per GPU, NCCL; 8 envs each, 64 in all; --local-num-envs 1 keeps the published 8):
+One node, 8 GPUs (NCCL; 8 envs each, 64 in all, which learn less per sample than the published 8 of --local-num-envs 1):
     torchrun --standalone --nnodes=1 --nproc_per_node=8 ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
 Two nodes with 8 GPUs each (run on every node, with its own --node-rank):
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 --master-addr=10.0.0.1 --master-port=29500 \
