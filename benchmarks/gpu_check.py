@@ -14,9 +14,10 @@ short keeps what it measured:
    profiled operators leave of the wall time);
 4. the real script under torchrun: the 8-env experiment split 1 x 8, 2 x 4, 4 x 2 and 8 x 1 on one GPU (the
    same experiment, so a pure speed comparison; several processes share the GPU through gloo) and the 64-env
-   job as 1 x 64 `ale`, 8 x 8 `double` and 4 x 16 `double`; steps/s, the rollout alone, and whether every
-   rank ended with the same parameters (exit code 1 if not). From the 1 x 64 and 1 x 128 `ale` rollouts
-   (parts 3 and 4) the report fits the rollout's time per policy step as a fixed part plus a part per env.
+   job as 1 x 64 `ale`, 8 x 8 `double` and 4 x 16 `double`, and 1 x 64 `ale` with the published minibatch of
+   256 (`--num-minibatches 32` at 128 steps: 8x the Adam steps); steps/s, the rollout alone, the update, and
+   whether every rank ended with the same parameters (exit code 1 if not). From the 1 x 64 and 1 x 128 `ale`
+   rollouts (parts 3 and 4) the report fits the rollout's time per policy step as a fixed part plus a part per env.
 """
 
 import argparse
@@ -125,7 +126,9 @@ def main() -> int:
 
     runs = [(Config(procs, 8 // procs), sharing(procs), 700) for procs in (1, 2, 4, 8)]
     runs += [(Config(1, 64, "ale", env_threads=cpus), [], 4000), (Config(8, 8, "double"), sharing(8), 2000),
-             (Config(4, 16, "double"), sharing(4), 2000)]
+             (Config(4, 16, "double"), sharing(4), 2000),
+             # the published minibatch of 256 = 64 envs x 4 steps (32 minibatches at --num-steps 128)
+             (Config(1, 64, "ale", env_threads=cpus), ["--num-minibatches", str(opts.num_steps // 4)], 3000)]
     report.planned = len(runs)
     for config, extra, expected_sps in runs:
         result = measure_script(config, opts.seconds, expected_sps=expected_sps if gpus else 150,
@@ -145,7 +148,7 @@ class Report:
 
     def __init__(self, path: Path, device: str, gpus: int, machine: dict):
         self.path, self.device, self.gpus, self.machine, self.started = path, device, gpus, machine, time.time()
-        self.host, self.envs, self.profile, self.runs, self.planned = {}, [], None, [], 7
+        self.host, self.envs, self.profile, self.runs, self.planned = {}, [], None, [], 8
 
     def write(self) -> None:
         lines = [f"# GPU check on {self.device}", "",
