@@ -69,6 +69,9 @@ def test_report_tables_and_plots_real_runs(tmp_path):
                              "--window", "256", "--scalars", "losses/clipfrac"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "from-text" / "learning.md").read_text() == table
+    # The tables round steps/s, which hides a disagreement except at a rounding boundary: compare the wall times.
+    for run in sorted((tmp_path / "runs").iterdir()):
+        assert report.read_run(run).wall_seconds == report.read_text_run(tmp_path / "text" / run.name).wall_seconds
     # ... and every logged loss and game, value by value (what compare_runs.py checks a refactoring with).
     run = sorted((tmp_path / "runs").iterdir())[0]
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_runs.py"), str(run),
