@@ -105,7 +105,18 @@ def main() -> int:
     device_name = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()) if gpus else "cpu-no-cuda"
     device = torch.device("cuda", 0) if gpus else torch.device("cpu")
     cpus = len(os.sched_getaffinity(0))
-    report = Report(RESULTS / f"gpu-check-{device_name}.md", device_name, gpus, machine_description())
+    # (config, extra arguments, steps/s expected on an H200 with 16 cores): each run is sized to last about
+    # --seconds at that rate; the rates are lower bounds (the 1 x 8 and 1 x 64 ale runs measured 693 and 4,048).
+    def sharing(procs: int) -> list:  # every process on GPU 0 (gloo, picked and said by the script)
+        return ["--device-ids", *["0"] * procs] if gpus and procs > 1 else []
+
+    runs = [(Config(procs, 8 // procs), sharing(procs), 700) for procs in (1, 2, 4, 8)]
+    runs += [(Config(1, 64, "ale", env_threads=cpus), [], 4000), (Config(8, 8, "double"), sharing(8), 2000),
+             (Config(4, 16, "double"), sharing(4), 2000),
+             # the published minibatch of 256 = 64 envs x 4 steps (32 minibatches at --num-steps 128)
+             (Config(1, 64, "ale", env_threads=cpus), ["--num-minibatches", str(opts.num_steps // 4)], 3000)]
+
+    report = Report(RESULTS / f"gpu-check-{device_name}.md", device_name, gpus, machine_description(), len(runs))
     report.host = host()
     report.write()
 
@@ -119,17 +130,6 @@ def main() -> int:
     report.profile = profile_rollout(device, 128, cpus, opts.num_steps)
     report.write()
 
-    # (config, extra arguments, steps/s expected on an H200 with 16 cores): each run is sized to last about
-    # --seconds at that rate; the rates are lower bounds (the 1 x 8 and 1 x 64 ale runs measured 693 and 4,048).
-    def sharing(procs: int) -> list:  # every process on GPU 0 (gloo, picked and said by the script)
-        return ["--device-ids", *["0"] * procs] if gpus and procs > 1 else []
-
-    runs = [(Config(procs, 8 // procs), sharing(procs), 700) for procs in (1, 2, 4, 8)]
-    runs += [(Config(1, 64, "ale", env_threads=cpus), [], 4000), (Config(8, 8, "double"), sharing(8), 2000),
-             (Config(4, 16, "double"), sharing(4), 2000),
-             # the published minibatch of 256 = 64 envs x 4 steps (32 minibatches at --num-steps 128)
-             (Config(1, 64, "ale", env_threads=cpus), ["--num-minibatches", str(opts.num_steps // 4)], 3000)]
-    report.planned = len(runs)
     for config, extra, expected_sps in runs:
         result = measure_script(config, opts.seconds, expected_sps=expected_sps if gpus else 150,
                                 num_steps=opts.num_steps, extra_args=[*([] if gpus else ["--no-cuda"]), *extra])
@@ -146,9 +146,9 @@ def main() -> int:
 class Report:
     """The report as it stands; write() replaces the file atomically."""
 
-    def __init__(self, path: Path, device: str, gpus: int, machine: dict):
-        self.path, self.device, self.gpus, self.machine, self.started = path, device, gpus, machine, time.time()
-        self.host, self.envs, self.profile, self.runs, self.planned = {}, [], None, [], 8
+    def __init__(self, path: Path, device: str, gpus: int, machine: dict, planned: int):
+        self.path, self.device, self.gpus, self.machine, self.planned = path, device, gpus, machine, planned
+        self.host, self.envs, self.profile, self.runs, self.started = {}, [], None, [], time.time()
 
     def write(self) -> None:
         lines = [f"# GPU check on {self.device}", "",
