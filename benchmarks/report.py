@@ -9,9 +9,9 @@ configuration). For each group: mean +- std over seeds of the mean return of eac
 a 95% confidence interval for that mean (Student's t over seeds), the steps reached, wall time and
 steps/s; the mean return of each seed's games in every window of --window steps (200k by default; with
 --windows-at, only the windows ending at those steps); and per environment a PNG with the return against
-global steps and against wall time (mean over seeds, with a band from the lowest to the highest seed; with
---published ENV_ID MEAN STD, a band for that env's published multi-GPU result; each seed is drawn thin beside
-the mean). With --published and --published-single, every configuration of 2 or more seeds is set against the
+global steps and against wall time (the mean over seeds up to where the shortest run ends, and each seed thin
+beside it to its own end; with --published ENV_ID MEAN STD, a band for that env's published multi-GPU
+result). With --published and --published-single, every configuration of 2 or more seeds is set against the
 published results: its seeds' mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test
 of the difference in means (the published side taken as 3 seeds). Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
@@ -305,6 +305,16 @@ def smoothed(run: Run, x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(position >= 0, running[np.clip(position, 0, None)], np.nan)
 
 
+def seed_curves(group: list, axis: str, points: int = 200) -> tuple:
+    """Each seed's running last-100 mean on one grid of `axis` ("steps" or "wall"), to its own last game, and
+    their mean where every seed has got to (NaN elsewhere: a mean over fewer seeds would jump where one ends)."""
+    ends = [getattr(run, axis)[-1] for run in group]
+    grid = np.linspace(0, max(ends), points)
+    curves = np.array([np.where(grid <= end, smoothed(run, getattr(run, axis), grid), np.nan)
+                       for run, end in zip(group, ends)])
+    return grid, curves, np.where(grid <= min(ends), np.mean(curves, axis=0), np.nan)
+
+
 def plot(runs: list, out: Path, published: dict) -> list:
     import matplotlib
 
@@ -320,13 +330,8 @@ def plot(runs: list, out: Path, published: dict) -> list:
         for config in sorted({run.config for run in env_runs}):
             group = [run for run in env_runs if run.config == config]
             for ax, axis in zip(axes, ("steps", "wall")):
-                end = min(getattr(run, axis)[-1] for run in group)
-                grid = np.linspace(0, end, 200)
-                curves = np.array([smoothed(run, getattr(run, axis), grid) for run in group])
+                grid, curves, mean = seed_curves(group, axis)
                 scale = 1 if axis == "steps" else 1 / 60
-                with warnings.catch_warnings():  # before the first game every seed's curve is NaN
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    mean = np.nanmean(curves, axis=0)
                 line, = ax.plot(grid * scale, mean, label=f"{config} ({len(group)} seed{'s' if len(group) > 1 else ''}"
                                 + (": mean and each seed)" if len(group) > 1 else ")"))
                 for curve in curves if len(group) > 1 else []:

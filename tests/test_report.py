@@ -124,6 +124,22 @@ def test_welch_t_test_worked_by_hand():
     assert np.isclose(p, 2 * (1 - (0.5 + 0.75 * x - 0.25 * x ** 3)), rtol=1e-6)  # 0.0705
 
 
+def test_curves_of_seeds_that_stopped_at_different_steps():
+    # Seed 1's games end at steps 10, 20, 30 with returns 1, 2, 3; seed 2 (a run still going) at 10, 20 with 5, 7.
+    # Fewer than 100 games: each curve is the running mean of all games so far. On the grid 0, 10, 20, 30:
+    # seed 1: -, 1, 1.5, 2; seed 2: -, 5, 6, and nothing past its last game; the mean only where both have got to.
+    def run(seed, steps, returns):
+        return report.Run(path=Path(seed), env_id="BreakoutNoFrameskip-v4", config="c", seed=seed,
+                          steps=np.array(steps), wall=np.array(steps, dtype=float), returns=np.array(returns, dtype=float),
+                          steps_reached=steps[-1], wall_seconds=float(steps[-1]), scalars={})
+    grid, curves, mean = report.seed_curves([run("1", [10, 20, 30], [1, 2, 3]), run("2", [10, 20], [5, 7])],
+                                            "steps", points=4)
+    nan = np.nan
+    assert np.allclose(grid, [0, 10, 20, 30])
+    assert np.allclose(curves, [[nan, 1, 1.5, 2], [nan, 5, 6, nan]], equal_nan=True)
+    assert np.allclose(mean, [nan, 3, 3.75, nan], equal_nan=True)
+
+
 def test_baseline_statistics_worked_by_hand():
     # Pooled 1, 2, 3, 4 split into pairs: {1,2}|{3,4} and {3,4}|{1,2} differ by 2, {1,3}|{2,4} and {2,4}|{1,3}
     # by 1, {1,4}|{2,3} and {2,3}|{1,4} by 0: 2 of the 6 splits differ at least as much as the observed 2.
