@@ -13,7 +13,8 @@ global steps and against wall time (the mean over seeds up to where the shortest
 beside it to its own end; with --published ENV_ID MEAN STD, a band for that env's published multi-GPU
 result). With --published and --published-single, every configuration of 2 or more seeds is set against the
 published results: its seeds' mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test
-of the difference in means (the published side taken as 3 seeds). Wall time counts only the time the run was logging:
+of the difference in means (the published side taken as 3 seeds), once all its seeds have
+reached the same step. Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
 With --scalars TAG..., per-iteration logs (losses/approx_kl, losses/clipfrac, ...) are tabulated the same way: each
 configuration's mean over seeds of the tag's mean over the iterations ending in each window (from text: the
@@ -81,15 +82,16 @@ def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> t
 def published_table(runs: list, published: dict) -> str:
     """Per env and configuration of 2 or more seeds, against each published result of that env: the seeds'
     mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test of the difference."""
-    groups = defaultdict(list)
+    groups, reached = defaultdict(list), defaultdict(set)
     for run in runs:
         groups[(run.env_id, run.config)].append(run.final_return)
+        reached[(run.env_id, run.config)].add(run.steps_reached)
     lines = [f"| env | configuration | seeds | mean | std (ddof 0) | sample std | against | its mean +- std "
              f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (env_id, config), finals in sorted(groups.items()):
         for label, (mean, std) in published.get(env_id, {}).items():
-            if len(finals) < 2:
+            if len(finals) < 2 or len(reached[(env_id, config)]) > 1:  # a run still going is not a final result
                 continue
             t, dof, p = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
             lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals):.2f} | {np.std(finals):.2f} | "

@@ -124,20 +124,29 @@ def test_welch_t_test_worked_by_hand():
     assert np.isclose(p, 2 * (1 - (0.5 + 0.75 * x - 0.25 * x ** 3)), rtol=1e-6)  # 0.0705
 
 
-def test_curves_of_seeds_that_stopped_at_different_steps():
+def synthetic_run(seed, steps, returns):
+    """A run whose games end at `steps` with `returns`, one second per step, reaching its last game's step."""
+    return report.Run(path=Path(seed), env_id="BreakoutNoFrameskip-v4", config="c", seed=seed, steps=np.array(steps),
+                      wall=np.array(steps, dtype=float), returns=np.array(returns, dtype=float),
+                      steps_reached=steps[-1], wall_seconds=float(steps[-1]), scalars={})
+
+
+def test_seeds_that_stopped_at_different_steps():
     # Seed 1's games end at steps 10, 20, 30 with returns 1, 2, 3; seed 2 (a run still going) at 10, 20 with 5, 7.
     # Fewer than 100 games: each curve is the running mean of all games so far. On the grid 0, 10, 20, 30:
     # seed 1: -, 1, 1.5, 2; seed 2: -, 5, 6, and nothing past its last game; the mean only where both have got to.
-    def run(seed, steps, returns):
-        return report.Run(path=Path(seed), env_id="BreakoutNoFrameskip-v4", config="c", seed=seed,
-                          steps=np.array(steps), wall=np.array(steps, dtype=float), returns=np.array(returns, dtype=float),
-                          steps_reached=steps[-1], wall_seconds=float(steps[-1]), scalars={})
-    grid, curves, mean = report.seed_curves([run("1", [10, 20, 30], [1, 2, 3]), run("2", [10, 20], [5, 7])],
-                                            "steps", points=4)
+    going = [synthetic_run("1", [10, 20, 30], [1, 2, 3]), synthetic_run("2", [10, 20], [5, 7])]
+    grid, curves, mean = report.seed_curves(going, "steps", points=4)
     nan = np.nan
     assert np.allclose(grid, [0, 10, 20, 30])
     assert np.allclose(curves, [[nan, 1, 1.5, 2], [nan, 5, 6, nan]], equal_nan=True)
     assert np.allclose(mean, [nan, 3, 3.75, nan], equal_nan=True)
+    # Set against a published result only once both have reached the same step: means 2 and 6, mean 4.
+    published = {"BreakoutNoFrameskip-v4": {"multi-GPU": (4.0, 1.0)}}
+    assert report.published_table(going, published) == ""
+    finished = going[:1] + [synthetic_run("2", [10, 20, 30], [5, 7, 6])]
+    assert "| BreakoutNoFrameskip-v4 | c | 2 | 4.00 | 2.00 | 2.83 | multi-GPU | 4 +- 1 | +0.00 |" in \
+        report.published_table(finished, published)
 
 
 def test_baseline_statistics_worked_by_hand():
