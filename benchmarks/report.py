@@ -29,7 +29,6 @@ import argparse
 import csv
 import gzip
 import math
-import warnings
 from collections import defaultdict
 from itertools import combinations
 from dataclasses import dataclass
@@ -260,12 +259,11 @@ def window_table(runs: list, window: int, ends=None) -> str:
                   "| seed | " + " | ".join(f"{lo / 1e6:g}M-{(lo + window) / 1e6:g}M" for lo in edges) + " |",
                   "|---|" + "---|" * len(edges)]
         lines += [f"| {run.seed} | " + " | ".join(map(cell, row)) + " |" for run, row in zip(group, rows)]
-        if len(group) > 1:
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                lines.append("| mean | " + " | ".join(map(cell, np.nanmean(rows, axis=0))) + " |")
+        if len(group) > 1:  # over every seed, or none: a mean over fewer seeds would jump where one ends
+            lines.append("| mean | " + " | ".join(map(cell, np.mean(rows, axis=0))) + " |")
         if np.isnan(rows).any():
-            lines += ["", "-: no game ended in that window."]
+            lines += ["", "-: no game ended in that window" + (" (in the mean row: for some seed)." if len(group) > 1
+                                                              else ".")]
         lines.append("")
     return "\n".join(lines)
 

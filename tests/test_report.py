@@ -141,6 +141,8 @@ def test_seeds_that_stopped_at_different_steps():
     assert np.allclose(grid, [0, 10, 20, 30])
     assert np.allclose(curves, [[nan, 1, 1.5, 2], [nan, 5, 6, nan]], equal_nan=True)
     assert np.allclose(mean, [nan, 3, 3.75, nan], equal_nan=True)
+    # Windows 10-20 and 30-40 steps: seed 1 has games in both (1 and 3), seed 2 in the first only (5).
+    assert "| 1 | 1.00 | 3.00 |\n| 2 | 5.00 | - |\n| mean | 3.00 | - |" in report.window_table(going, 10, [20, 40])
     # Set against a published result only once both have reached the same step: means 2 and 6, mean 4.
     published = {"BreakoutNoFrameskip-v4": {"multi-GPU": (4.0, 1.0)}}
     assert report.published_table(going, published) == ""
