@@ -81,16 +81,16 @@ def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> t
 def published_table(runs: list, published: dict) -> str:
     """Per env and configuration of 2 or more seeds, against each published result of that env: the seeds'
     mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test of the difference."""
-    groups, reached = defaultdict(list), defaultdict(set)
+    groups = defaultdict(list)
     for run in runs:
-        groups[(run.env_id, run.config)].append(run.final_return)
-        reached[(run.env_id, run.config)].add(run.steps_reached)
+        groups[(run.env_id, run.config)].append(run)
     lines = [f"| env | configuration | seeds | mean | std (ddof 0) | sample std | against | its mean +- std "
              f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (env_id, config), finals in sorted(groups.items()):
+    for (env_id, config), group in sorted(groups.items()):
+        finals = [run.final_return for run in group]
         for label, (mean, std) in published.get(env_id, {}).items():
-            if len(finals) < 2 or len(reached[(env_id, config)]) > 1:  # a run still going is not a final result
+            if len(group) < 2 or len({run.steps_reached for run in group}) > 1:  # a run still going is not final
                 continue
             t, dof, p = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
             lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals):.2f} | {np.std(finals):.2f} | "
