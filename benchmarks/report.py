@@ -88,10 +88,10 @@ def published_table(runs: list, published: dict) -> str:
              f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (env_id, config), group in sorted(groups.items()):
+        if len(group) < 2 or len({run.steps_reached for run in group}) > 1:  # a run still going is not final
+            continue
         finals = [run.final_return for run in group]
         for label, (mean, std) in published.get(env_id, {}).items():
-            if len(group) < 2 or len({run.steps_reached for run in group}) > 1:  # a run still going is not final
-                continue
             t, dof, p = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
             lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals):.2f} | {np.std(finals):.2f} | "
                          f"{np.std(finals, ddof=1):.2f} | {label} | {mean:g} +- {std:g} | "
