@@ -13,8 +13,8 @@ global steps and against wall time (the mean over seeds up to where the shortest
 beside it to its own end; with --published ENV_ID MEAN STD, a band for that env's published multi-GPU
 result). With --published and --published-single, every configuration of 2 or more seeds is set against the
 published results: its seeds' mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test
-of the difference in means (the published side taken as 3 seeds), once all its seeds have
-reached the same step. Wall time counts only the time the run was logging:
+of the difference in means (the published side taken as 3 seeds) with the smallest difference it could detect
+at p < 0.05, once all its seeds have reached the same step. Wall time counts only the time the run was logging:
 a resumed run writes each session to a new events file, and the gaps between those files are left out.
 With --scalars TAG..., per-iteration logs (losses/approx_kl, losses/clipfrac, ...) are tabulated the same way: each
 configuration's mean over seeds of the tag's mean over the iterations ending in each window (from text: the
@@ -64,38 +64,51 @@ def prediction_interval(values) -> tuple:
     return float(np.mean(values) - half), float(np.mean(values) + half)
 
 
-def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> tuple:
-    """Welch's t-test of mean(values) against a result known as mean +- std (ddof 0, as published) over other_n
-    seeds: (t, degrees of freedom, two-sided p). p integrates Student's t density numerically (any real dof)."""
-    values = np.asarray(values, dtype=float)
-    var_a = np.var(values, ddof=1) / len(values)
-    var_b = other_std ** 2 * other_n / (other_n - 1) / other_n  # the sample variance, over n
-    t = (values.mean() - other_mean) / np.sqrt(var_a + var_b)
-    dof = (var_a + var_b) ** 2 / (var_a ** 2 / (len(values) - 1) + var_b ** 2 / (other_n - 1))
+def student_t_p(t: float, dof: float) -> float:
+    """Two-sided p-value of Student's t with any real `dof`: its density integrated numerically from 0 to |t|."""
     x = np.linspace(0.0, abs(t), 20_001)
     density = np.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
                      - (dof + 1) / 2 * np.log1p(x ** 2 / dof))
-    return float(t), float(dof), float(max(0.0, 1 - 2 * np.trapezoid(density, x)))
+    return float(max(0.0, 1 - 2 * np.trapezoid(density, x)))
+
+
+def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> tuple:
+    """Welch's t-test of mean(values) against a result known as mean +- std (ddof 0, as published) over other_n
+    seeds: (t, degrees of freedom, two-sided p, detectable gap). The gap is the difference in means that would
+    reach p = 0.05 with these spreads and numbers of seeds: a smaller true gap this comparison cannot show."""
+    values = np.asarray(values, dtype=float)
+    var_a = np.var(values, ddof=1) / len(values)
+    var_b = other_std ** 2 * other_n / (other_n - 1) / other_n  # the sample variance, over n
+    standard_error = np.sqrt(var_a + var_b)
+    t = (values.mean() - other_mean) / standard_error
+    dof = (var_a + var_b) ** 2 / (var_a ** 2 / (len(values) - 1) + var_b ** 2 / (other_n - 1))
+    low, high = 0.0, 100.0  # bisect for the t of p = 0.05 (12.7 at 1 dof, the fewest Welch can give here)
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if student_t_p(middle, dof) > 0.05 else (low, middle)
+    return float(t), float(dof), student_t_p(t, dof), float(high * standard_error)
 
 
 def published_table(runs: list, published: dict) -> str:
     """Per env and configuration of 2 or more seeds, against each published result of that env: the seeds'
-    mean, std (ddof 0, the published statistic) and sample std, and Welch's t-test of the difference."""
+    mean, std (ddof 0, the published statistic) and sample std, Welch's t-test of the difference, and the
+    smallest difference that test could detect."""
     groups = defaultdict(list)
     for run in runs:
         groups[(run.env_id, run.config)].append(run)
     lines = [f"| env | configuration | seeds | mean | std (ddof 0) | sample std | against | its mean +- std "
-             f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"({PUBLISHED_SEEDS} seeds) | difference | Welch's t | dof | p (two-sided) "
+             "| smallest difference at p < 0.05 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (env_id, config), group in sorted(groups.items()):
         if len(group) < 2 or len({run.steps_reached for run in group}) > 1:  # a run still going is not final
             continue
         finals = [run.final_return for run in group]
         for label, (mean, std) in published.get(env_id, {}).items():
-            t, dof, p = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
+            t, dof, p, gap = welch_t_test(finals, mean, std, PUBLISHED_SEEDS)
             lines.append(f"| {env_id} | {config} | {len(finals)} | {np.mean(finals):.2f} | {np.std(finals):.2f} | "
                          f"{np.std(finals, ddof=1):.2f} | {label} | {mean:g} +- {std:g} | "
-                         f"{np.mean(finals) - mean:+.2f} | {t:+.2f} | {dof:.1f} | {p:.3f} |")
+                         f"{np.mean(finals) - mean:+.2f} | {t:+.2f} | {dof:.1f} | {p:.3f} | {gap:.2f} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

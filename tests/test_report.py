@@ -118,10 +118,12 @@ def test_welch_t_test_worked_by_hand():
     # Seeds 1, 2, 3 against a published 4 +- sqrt(2/3) over 3 seeds (ddof 0: seeds 3, 4, 5). Both sample variances
     # are 1: t = (2 - 4) / sqrt(1/3 + 1/3) = -sqrt(6); dof = (2/3)^2 / (2 (1/3)^2 / 2) = 4. Student's t with 4 dof
     # has the closed form F(t) = 1/2 + 3x/4 - x^3/4, x = t / sqrt(4 + t^2) = sqrt(0.6), so p = 2 (1 - F(sqrt 6)).
-    t, dof, p = report.welch_t_test([1, 2, 3], 4.0, np.sqrt(2 / 3), 3)
+    t, dof, p, gap = report.welch_t_test([1, 2, 3], 4.0, np.sqrt(2 / 3), 3)
     x = np.sqrt(0.6)
     assert np.isclose(t, -np.sqrt(6)) and np.isclose(dof, 4.0)
     assert np.isclose(p, 2 * (1 - (0.5 + 0.75 * x - 0.25 * x ** 3)), rtol=1e-6)  # 0.0705
+    # The detectable gap: t(0.975, 4 dof) = 2.776445 (tables) times the standard error sqrt(2/3): 2.266966.
+    assert np.isclose(gap, 2.776445 * np.sqrt(2 / 3), rtol=1e-5)
 
 
 def synthetic_run(seed, steps, returns):
@@ -147,8 +149,12 @@ def test_seeds_that_stopped_at_different_steps():
     published = {"BreakoutNoFrameskip-v4": {"multi-GPU": (4.0, 1.0)}}
     assert report.published_table(going, published) == ""
     finished = going[:1] + [synthetic_run("2", [10, 20, 30], [5, 7, 6])]
-    assert "| BreakoutNoFrameskip-v4 | c | 2 | 4.00 | 2.00 | 2.83 | multi-GPU | 4 +- 1 | +0.00 |" in \
-        report.published_table(finished, published)
+    # Difference 0, so t 0 and p 1. Standard error sqrt(8/2 + 1 * 3/2 / 3) = sqrt(4.5); Welch's dof
+    # 4.5^2 / (4^2 / 1 + 0.5^2 / 2) = 20.25 / 16.125 = 1.256, between t(0.975)'s 12.706 at 1 dof and 4.303 at 2.
+    row = next(line for line in report.published_table(finished, published).splitlines() if "multi-GPU" in line)
+    assert row.startswith("| BreakoutNoFrameskip-v4 | c | 2 | 4.00 | 2.00 | 2.83 | multi-GPU | 4 +- 1 | +0.00 | "
+                          "+0.00 | 1.3 | 1.000 | "), row
+    assert 4.303 * np.sqrt(4.5) < float(row.split("|")[-2]) < 12.706 * np.sqrt(4.5), row
 
 
 def test_baseline_statistics_worked_by_hand():
