@@ -82,11 +82,16 @@ def welch_t_test(values, other_mean: float, other_std: float, other_n: int) -> t
     standard_error = np.sqrt(var_a + var_b)
     t = (values.mean() - other_mean) / standard_error
     dof = (var_a + var_b) ** 2 / (var_a ** 2 / (len(values) - 1) + var_b ** 2 / (other_n - 1))
-    low, high = 0.0, 100.0  # bisect for the t of p = 0.05 (12.7 at 1 dof, the fewest Welch can give here)
+    return float(t), float(dof), student_t_p(t, dof), t_975(dof) * float(standard_error)
+
+
+def t_975(dof: float) -> float:
+    """The t of two-sided p = 0.05 for any real `dof`, by bisection (12.7 at 1 dof, the fewest Welch gives here)."""
+    low, high = 0.0, 100.0
     for _ in range(50):
         middle = (low + high) / 2
         low, high = (middle, high) if student_t_p(middle, dof) > 0.05 else (low, middle)
-    return float(t), float(dof), student_t_p(t, dof), float(high * standard_error)
+    return high
 
 
 def published_table(runs: list, published: dict) -> str:
