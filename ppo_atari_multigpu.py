@@ -954,9 +954,12 @@ def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: 
           f"backend {backend or '- (single process)'} | world size {world_size}")
     for r, host, dev, threads, s in ranks:
         print(f"rank {r}: host {host}, device {dev}, {threads}, env seeds {s[0]}..{s[-1]}")
-    print(f"num_envs {sizes.num_envs} ({world_size} x {args.local_num_envs}) | batch {sizes.batch_size} "
-          f"(local {sizes.local_batch_size}) | minibatch {sizes.minibatch_size} "
-          f"(local {sizes.local_minibatch_size}) | iterations {sizes.num_iterations}", flush=True)
+    adam_steps = f"{'at most ' if args.target_kl else ''}{args.update_epochs * args.num_minibatches} Adam steps"
+    print(f"experiment: {sizes.num_envs} envs x {args.num_steps} steps = batch {sizes.batch_size:,} | minibatch "
+          f"{sizes.minibatch_size:,} | {adam_steps} per iteration ({args.update_epochs} epochs x {args.num_minibatches} "
+          f"minibatches) | {sizes.num_iterations:,} iterations")
+    print(f"split: {world_size} processes x {args.local_num_envs} envs | local batch {sizes.local_batch_size:,} | "
+          f"local minibatch {sizes.local_minibatch_size:,}", flush=True)
     print(protocol(args.env_id), flush=True)
 
 

@@ -9,9 +9,10 @@
 #                                    # envs, every other setting default (default BreakoutNoFrameskip-v4, seed 1);
 #                                    # the same command continues it (--resume auto) and, once the run has finished,
 #                                    # plays 30 games with its final model
-#   bash benchmarks/returns.sh cpu-10m-64 mb256|default   # Breakout at 10M steps with 64 envs (2 processes x 32), the
-#                                    # experiment of 8 GPUs x 8 envs: mb256 keeps the published minibatch of 256
-#                                    # (--num-minibatches 32), default leaves every other setting default
+#   bash benchmarks/returns.sh cpu-10m-64 mb256|default|steps16 [SEED]   # Breakout at 10M steps with 64 envs
+#                                    # (2 processes x 32), the experiment of 8 GPUs x 8 envs: mb256 keeps the published
+#                                    # minibatch of 256 (--num-minibatches 32), default leaves every other setting
+#                                    # default, steps16 keeps the published batch of 1,024 (--num-steps 16)
 #   bash benchmarks/returns.sh gpu   # full protocol: Pong, BeamRider, Breakout x 3 seeds x 10M steps,
 #                                    # 1 process x 8 envs vs 2 processes x 4 envs (one GPU per process)
 #
@@ -92,9 +93,10 @@ cpu-10m)
 cpu-10m-64)
     # 64 envs (2 processes x 32): the experiment of the README's 8-GPU command (8 processes x 8 envs).
     case "${2:-}" in
-    mb256) ten_million BreakoutNoFrameskip-v4 1 2 2x32-mb256 --local-num-envs 32 --num-minibatches 32 ;;
-    default) ten_million BreakoutNoFrameskip-v4 1 2 2x32 --local-num-envs 32 ;;
-    *) echo "usage: returns.sh cpu-10m-64 mb256|default" >&2; exit 2 ;;
+    mb256) ten_million BreakoutNoFrameskip-v4 "${3:-1}" 2 2x32-mb256 --local-num-envs 32 --num-minibatches 32 ;;
+    default) ten_million BreakoutNoFrameskip-v4 "${3:-1}" 2 2x32 --local-num-envs 32 ;;
+    steps16) ten_million BreakoutNoFrameskip-v4 "${3:-1}" 2 2x32x16 --local-num-envs 32 --num-steps 16 ;;
+    *) echo "usage: returns.sh cpu-10m-64 mb256|default|steps16 [SEED]" >&2; exit 2 ;;
     esac
     ;;
 gpu)

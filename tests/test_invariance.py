@@ -20,16 +20,18 @@ COMMON = ["--num-steps", str(NUM_STEPS), "--num-minibatches", str(NUM_MINIBATCHE
 RUN_ID = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1"
 
 
-def run_split(cwd, nproc: int, *extra, iterations=ITERATIONS, dtype="float64"):
-    """Run the script as `nproc` processes x ENVS / nproc envs; return its folder (TensorBoard log,
-    checkpoints, and what each rank recorded under record/)."""
-    args = [*COMMON, "--local-num-envs", str(ENVS // nproc), "--total-timesteps", str(iterations * ENVS * NUM_STEPS),
+def run_split(cwd, nproc: int, *extra, iterations=ITERATIONS, dtype="float64", envs=ENVS, shape=COMMON):
+    """Run the script as `nproc` processes x envs / nproc envs; return its folder (TensorBoard log,
+    checkpoints, the console in console.txt, and what each rank recorded under record/)."""
+    num_steps = int(shape[shape.index("--num-steps") + 1])
+    args = [*shape, "--local-num-envs", str(envs // nproc), "--total-timesteps", str(iterations * envs * num_steps),
             *extra]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}",
                str(LAUNCHER), str(SCRIPT), *args]
     env = {**script_env(), "PPO_TEST_DTYPE": dtype, "PPO_TEST_RECORD": str(cwd / "record")}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (cwd / "console.txt").write_text(result.stdout)
     return cwd
 
 
@@ -41,19 +43,19 @@ def final_parameters(cwd) -> dict:
     return torch.load(cwd / "checkpoints" / RUN_ID / "final_model.pt", weights_only=False)["model"]
 
 
-def assert_same_experiment(a, b):
+def assert_same_experiment(a, b, batch=ENVS * NUM_STEPS, iterations=ITERATIONS, games_end=True):
     """The same games at the same steps, every logged loss within 1e-9, final parameters within 1e-9."""
     logged_a, logged_b = scalars(a), scalars(b)
-    games = logged_a["charts/episodic_return"]
-    assert games, "no game ended: the comparison of games would be empty"
+    games = logged_a.get("charts/episodic_return", [])
+    assert bool(games) == games_end, "no game ended: the comparison of games would be empty"
     for tag in ("charts/episodic_return", "charts/episodic_length"):
-        assert logged_a[tag] == logged_b[tag], tag
+        assert logged_a.get(tag) == logged_b.get(tag), tag
     tags = [tag for tag in logged_a if tag.startswith("losses/")] + ["charts/update_epochs"]
     assert len(tags) == 8
     for tag in tags:
         steps_a, values_a = zip(*logged_a[tag])
         steps_b, values_b = zip(*logged_b[tag])
-        assert steps_a == steps_b == tuple(ENVS * NUM_STEPS * i for i in range(1, ITERATIONS + 1)), tag
+        assert steps_a == steps_b == tuple(batch * i for i in range(1, iterations + 1)), tag
         assert values_a == pytest.approx(values_b, rel=0, abs=1e-9), tag
     final_a, final_b = final_parameters(a), final_parameters(b)
     for name in final_a:
@@ -82,6 +84,28 @@ def test_every_split_of_the_envs_computes_the_same_experiment(tmp_path_factory, 
     parts = [recorded(split, rank)["actions"] for rank in range(nproc)]
     for iteration in range(ITERATIONS):
         assert torch.equal(whole[iteration], torch.cat([p[iteration] for p in parts], dim=1))
+
+
+@pytest.mark.parametrize("nproc", [2, 8])
+def test_64_envs_of_16_steps_are_one_experiment_on_1_2_or_8_processes(tmp_path_factory, nproc):
+    """The published batch with 64 envs: 64 x 16 steps = 1,024, 4 minibatches of 256, 4 epochs, 16 Adam steps
+    per iteration, whether 1 x 64, 2 x 32 or 8 x 8 processes x envs compute it. Two iterations: too short for a
+    game to end, so the actions stand for the games."""
+    shape = ["--num-steps", "16", "--num-minibatches", "4"]
+    one = run_once(tmp_path_factory, "1x64x16", 1, iterations=2, envs=64, shape=shape)
+    split = run_once(tmp_path_factory, f"{nproc}x{64 // nproc}x16", nproc, iterations=2, envs=64, shape=shape)
+    for run, processes in ((one, 1), (split, nproc)):
+        banner = (run / "console.txt").read_text()
+        assert ("experiment: 64 envs x 16 steps = batch 1,024 | minibatch 256 | 16 Adam steps per iteration "
+                "(4 epochs x 4 minibatches) | 2 iterations") in banner
+        assert f"split: {processes} processes x {64 // processes} envs | local batch {1024 // processes:,} | " in banner
+    logged = assert_same_experiment(one, split, batch=1024, iterations=2, games_end=False)
+    assert max(kl for _, kl in logged["losses/approx_kl"]) > 1e-5  # the updates did move the policy
+    whole = recorded(one, 0)["actions"]
+    for iteration in range(2):
+        parts = torch.cat([recorded(split, rank)["actions"][iteration] for rank in range(nproc)], dim=1)
+        assert parts.shape == (16, 64) and torch.equal(whole[iteration], parts)
+        assert len(parts.unique()) == 4  # sampled, not one action everywhere
 
 
 def test_double_buffered_envs_compute_the_same_experiment(tmp_path_factory):
