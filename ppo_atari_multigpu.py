@@ -21,6 +21,7 @@ The algorithm comes first; below the "Machinery" divider is what changes nothing
 import hashlib
 import os
 import random
+import shlex
 import signal
 import socket
 import sys
@@ -511,9 +512,10 @@ def ppo_update(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, flat_
     return dict(zip(stats, all_reduce_mean_(totals / num_updates, world_size).tolist())), finite, epoch + 1
 
 
-def train(args: Args, groups: list, device: torch.device, backend: Optional[str], rank: int, world_size: int) -> int:
+def train(args: Args, groups: list, device: torch.device, backend: Optional[str], rank: int, world_size: int,
+          resume_hint: str) -> int:
     """The training loop; returns the process exit code (0 finished, 3 interrupted, 4 non-finite, 5 the
-    processes' weights differ)."""
+    processes' weights differ). `resume_hint`: the command that continues the run, printed at a stop."""
     # TRY NOT TO MODIFY: resume, seeding, the learner
     sizes = batch_sizes(args, world_size)
     checkpoint_dir = Path("checkpoints") / run_id(args)
@@ -574,7 +576,8 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
                                device)
     for group in groups:
         rollout.set_next_obs(group.index, group.envs.reset(seed=seeds[group.index])[0])
-    progress = Progress(args, sizes, groups, rank, world_size, checkpoint_dir, resumed, shared_state)  # catches signals
+    progress = Progress(args, sizes, groups, rank, world_size, checkpoint_dir, resumed, shared_state,  # catches signals
+                        resume_hint)
     global_step, exit_code, iteration = progress.global_step, 0, progress.start_iteration - 1
     for iteration in range(progress.start_iteration, sizes.num_iterations + 1):
         for group, base_lr in zip(optimizer.param_groups, base_lrs):
@@ -659,7 +662,7 @@ def main() -> None:
         if WORLD_SIZE > 1:
             agree_on_backend(store, backend, RANK, WORLD_SIZE)
     except ConfigError as e:
-        report_error(str(e), store)
+        report_error(str(e), store, WORLD_SIZE)
         sys.exit(EXIT_CONFIG_ERROR)
 
     # Envs (and their subprocesses) start before the process group's threads. Env worker processes inherit
@@ -675,9 +678,10 @@ def main() -> None:
         dist.init_process_group(backend, store=store, rank=RANK, world_size=WORLD_SIZE,
                                 device_id=device if backend == "nccl" else None)
     try:
-        exit_code = train(args, groups, device, backend, RANK, WORLD_SIZE)
+        exit_code = train(args, groups, device, backend, RANK, WORLD_SIZE,
+                          resume_command(sys.argv, WORLD_SIZE, LOCAL_WORLD_SIZE))
     except ConfigError as e:  # a refused resume: every rank received the same verdict from rank 0
-        report_error(str(e), store)
+        report_error(str(e), store, WORLD_SIZE)
         exit_code = EXIT_CONFIG_ERROR
     except Exception:
         # Leave at once: a barrier or destroy_process_group here could wait forever on peers inside a collective.
@@ -794,11 +798,20 @@ class ConfigError(Exception):
     """A setting that cannot work; reported as one line, before any process waits on another."""
 
 
-def report_error(message: str, store=None) -> None:
-    """One line per node, from whichever of its processes refuses first (every rank exits non-zero): torchrun
-    stops the others as soon as one exits, maybe before they have printed."""
+def report_error(message: str, store=None, world_size: int = 1) -> None:
+    """One line per node, from whichever of its processes refuses first. Every rank refuses the same settings:
+    each then waits (10 s at most) for the others, deaf to the SIGTERM torchrun sends the rest as soon as one
+    exits, so that every rank exits with code 2 and torchrun reports none as killed."""
     if store is None or store.add(f"refused/node_{os.environ.get('GROUP_RANK', '0')}", 1) == 1:
         print(f"{os.path.basename(__file__)}: error: {message}", file=sys.stderr, flush=True)
+    if store is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if store.add("refused/ranks", 1) == world_size:
+            store.set("refused/all", "")
+        try:
+            store.wait(["refused/all"], timedelta(seconds=10))
+        except dist.DistStoreError:
+            pass  # a rank that did not refuse: torchrun stops it
 
 
 def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> tuple:
@@ -924,6 +937,17 @@ def check_env_id(env_id: str) -> None:
 def run_id(args: Args) -> str:
     """The run's name without its start time: checkpoints of the same env, experiment and seed share it."""
     return f"{args.env_id}__{args.exp_name}__{args.seed}"
+
+
+def resume_command(argv: list, world_size: int, local_world_size: int) -> str:
+    """The command that continues this run: the same launch and arguments, with `--resume auto`."""
+    args = list(argv[1:])
+    for i in reversed(range(len(args))):
+        if args[i] == "--resume" or args[i].startswith("--resume="):
+            del args[i:i + (args[i] == "--resume") + 1]
+    launch = ("python" if world_size == 1 else f"torchrun --standalone --nproc_per_node={world_size}"
+              if local_world_size == world_size else "torchrun <this job's launch options>")
+    return f"{launch} {shlex.join([argv[0], *args, '--resume', 'auto'])}"
 
 
 def env_seeds(seed: int, first: int, count: int) -> list[int]:
@@ -1150,8 +1174,9 @@ class Progress:
     agreement of the ranks, checkpoints, and the logs (TensorBoard and the console, on global rank 0)."""
 
     def __init__(self, args: Args, sizes: BatchSizes, groups: list, rank: int, world_size: int, checkpoint_dir: Path,
-                 resumed: Optional[dict], shared_state: list):
+                 resumed: Optional[dict], shared_state: list, resume_hint: str):
         self.args, self.sizes, self.groups, self.rank, self.world_size = args, sizes, groups, rank, world_size
+        self.resume_hint = resume_hint
         self.master, self.checkpoint_dir = rank == 0, checkpoint_dir
         self.start_iteration, self.global_step, self.elapsed_before, self.run_name = (
             (resumed["iteration"] + 1, resumed["global_step"], resumed["elapsed"], resumed["run_name"]) if resumed
@@ -1224,7 +1249,7 @@ class Progress:
         if stop_now:
             if self.master:
                 print(f"stopping on {self.signal_name or 'a signal to another rank'} after iteration "
-                      f"{iteration}; resume with --resume auto", flush=True)
+                      f"{iteration}; resume with: {self.resume_hint}", flush=True)
             return EXIT_INTERRUPTED
         return 0
 

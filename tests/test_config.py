@@ -165,15 +165,14 @@ def test_bad_input_single_process(tmp_path, cli, message):
 def test_bad_input_fails_every_rank_under_torchrun(tmp_path, cli, message):
     result = run_torchrun(2, [*TINY, "--total-timesteps", "1024", *cli], cwd=tmp_path, timeout=90)
     output = result.stdout + result.stderr
-    assert result.returncode != 0
+    assert result.returncode == 1, output  # torchrun's own code for a failed worker: it does not pass ours on
     errors = ERROR_LINE.findall(output)
-    assert len(errors) == 1 and message in errors[0], output
-    # torchrun's failure report gives each rank's exit code: 2 from our check, or its SIGTERM if torchrun
-    # stopped that rank first because the other had already failed. Neither rank ran on or hung.
+    assert len(errors) == 1 and message in errors[0], output  # one line for the node
+    # torchrun's failure report gives each rank's exit code: every rank refused (2), none was stopped by the
+    # SIGTERM torchrun sends the rest when the first exits. Neither rank ran on or hung.
     exit_codes = {int(rank): int(code) for rank, code in
                   re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", output)}
-    assert set(exit_codes) == {0, 1} and 2 in exit_codes.values(), output
-    assert set(exit_codes.values()) <= {2, -15}, output
+    assert exit_codes == {0: 2, 1: 2}, output
     assert 'ppo_atari_multigpu.py", line' not in output  # no traceback from the script itself
 
 
@@ -199,24 +198,3 @@ def test_refusal_is_printed_when_local_rank_0_starts_late(tmp_path):
     assert len(errors) == 1 and "smaller than one global batch" in errors[0], output
     exit_codes = dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", output))
     assert exit_codes == {"1": "2", "0": "-15"}, output  # rank 0 was stopped while it slept
-
-
-def test_refusal_is_printed_once_when_every_rank_reaches_it(tmp_path):
-    # Each rank, after reporting, waits until the other has reported too, so that torchrun stops neither
-    # before both have reached the refusal: still one line for the node.
-    launcher = slow_launcher(tmp_path, f"""import ppo_atari_multigpu as ppo
-from pathlib import Path
-report = ppo.report_error
-def report_and_wait(*args, **kwargs):
-    report(*args, **kwargs)
-    print(f"rank {{os.environ['RANK']}} reported", flush=True)
-    Path({str(tmp_path)!r}, "reported_" + os.environ["RANK"]).touch()
-    deadline = time.time() + 60
-    while len(list(Path({str(tmp_path)!r}).glob("reported_*"))) < 2 and time.time() < deadline:
-        time.sleep(0.1)
-ppo.report_error = report_and_wait""")
-    result = run_torchrun(2, [*TINY, "--total-timesteps", "64"], cwd=tmp_path, timeout=90, script=launcher)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert "rank 0 reported" in output and "rank 1 reported" in output, output
-    assert len(ERROR_LINE.findall(output)) == 1, output
