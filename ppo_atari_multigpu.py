@@ -1,7 +1,8 @@
 """Data-parallel PPO for Atari in one file: every process steps its own envs, gradients are averaged.
 
-One GPU (or a CPU-only machine):
+One GPU, or a CPU machine as 2 processes x 4 envs (the same 8 envs, the same experiment):
     python ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
+    torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4 --local-num-envs 4
 One node, 8 GPUs (NCCL; 8 envs each, 64 in all, which learn less per sample than the published 8 of --local-num-envs 1):
     torchrun --standalone --nnodes=1 --nproc_per_node=8 ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
 Two nodes with 8 GPUs each (run on every node, with its own --node-rank):
@@ -9,7 +10,7 @@ Two nodes with 8 GPUs each (run on every node, with its own --node-rank):
         ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
 Preemptible machines (torchrun restarts the group, which continues from the latest checkpoint):
     torchrun --standalone --nproc_per_node=8 --max-restarts=3 ppo_atari_multigpu.py --resume auto
-Evaluate a saved policy:
+Evaluate a saved policy (final_model.pt, or any checkpoint_*.pt):
     python ppo_atari_multigpu.py --eval-checkpoint checkpoints/<env_id>__<exp_name>__<seed>/final_model.pt
 
 The global batch is world_size * local_num_envs * num_steps. With the same envs in the job (world_size *
@@ -28,7 +29,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -808,10 +809,8 @@ def report_error(message: str, store=None, world_size: int = 1) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if store.add("refused/ranks", 1) == world_size:
             store.set("refused/all", "")
-        try:
+        with suppress(dist.DistStoreError):  # a timeout: some rank did not refuse, and torchrun stops it
             store.wait(["refused/all"], timedelta(seconds=10))
-        except dist.DistStoreError:
-            pass  # a rank that did not refuse: torchrun stops it
 
 
 def check_args(args: Args, world_size: int, local_world_size: int, cuda_device_count: int) -> tuple:
@@ -941,10 +940,7 @@ def run_id(args: Args) -> str:
 
 def resume_command(argv: list, world_size: int, local_world_size: int) -> str:
     """The command that continues this run: the same launch and arguments, with `--resume auto`."""
-    args = list(argv[1:])
-    for i in reversed(range(len(args))):
-        if args[i] == "--resume" or args[i].startswith("--resume="):
-            del args[i:i + (args[i] == "--resume") + 1]
+    args = [arg for i, arg in enumerate(argv[1:]) if not arg.startswith("--resume") and argv[i] != "--resume"]
     launch = ("python" if world_size == 1 else f"torchrun --standalone --nproc_per_node={world_size}"
               if local_world_size == world_size else "torchrun <this job's launch options>")
     return f"{launch} {shlex.join([argv[0], *args, '--resume', 'auto'])}"
