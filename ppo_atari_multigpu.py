@@ -96,6 +96,7 @@ class Args:
     eval_checkpoint: Optional[str] = None  # evaluate this checkpoint (or final model) instead of training
     eval_episodes: int = 10  # number of full games to play when evaluating
     eval_final: bool = False  # after training, play eval_episodes games with the final model (global rank 0)
+    eval_protocol: Optional[Literal["python", "ale"]] = None  # resets to evaluate under; None: the trained ones
     cost_per_hour: Optional[float] = None  # price per hour of the whole job, for the summary
 
 
@@ -657,7 +658,8 @@ def main() -> None:
                 print(f"note: {note}", flush=True)
         if args.eval_checkpoint:
             evaluate(args.eval_checkpoint, args.eval_episodes, args.local_num_envs, device, args.seed,
-                     f"videos/eval__{Path(args.eval_checkpoint).stem}" if args.capture_video else None)
+                     f"videos/eval__{Path(args.eval_checkpoint).stem}" if args.capture_video else None,
+                     args.eval_protocol)
             return
         check_env_id(args.env_id)
         if WORLD_SIZE > 1:
@@ -697,7 +699,7 @@ def main() -> None:
     # After the group is gone: the other ranks exit now instead of waiting (and timing out) in a collective.
     if RANK == 0 and exit_code == 0 and args.eval_final:
         evaluate(str(Path("checkpoints") / run_id(args) / "final_model.pt"), args.eval_episodes, args.local_num_envs,
-                 device, args.seed + 10_000)
+                 device, args.seed + 10_000, protocol=args.eval_protocol)
     # When a peer exits first with a non-zero code, torchrun sends SIGTERM to the rest: it must not replace this
     # rank's exit code.
     for sig in STOP_SIGNALS:
@@ -997,7 +999,7 @@ def protocol(env_id: str) -> str:
                "no sticky actions (the DeepMind protocol of the published PPO results)"))
 
 
-def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, global_step: int, resumed):
+def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, global_step: int, continued: bool):
     """TensorBoard on global rank 0 (and Weights & Biases with --track, mirroring the same scalars)."""
     if args.track:
         import wandb
@@ -1007,8 +1009,8 @@ def open_writer(args: Args, sizes: BatchSizes, run_name: str, world_size: int, g
     from torch.utils.tensorboard import SummaryWriter
 
     # purge_step drops what an interrupted run logged after its last checkpoint: no duplicated steps.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if resumed else None)
-    if not resumed:
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if continued else None)
+    if not continued:
         table = {**asdict(args), **asdict(sizes), "world_size": world_size}
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
     return writer
@@ -1119,17 +1121,23 @@ def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: i
     verdict = [None]
     if rank == 0:
         try:
-            latest = latest_checkpoint(checkpoint_dir)
-            if not args.resume and (latest or (checkpoint_dir / "final_model.pt").exists()):
-                raise ConfigError(f"{checkpoint_dir} holds the checkpoints of an earlier run of this env, --exp-name "
-                                  f"and --seed: continue it with --resume auto, or name this run with another --exp-name")
+            latest, final = latest_checkpoint(checkpoint_dir), checkpoint_dir / "final_model.pt"
             if args.resume == "auto" and latest is None:
                 print(f"note: --resume auto found no checkpoint in {checkpoint_dir}: starting a new run", flush=True)
             path = latest if args.resume == "auto" else Path(args.resume) if args.resume else None
-            if path is not None:
-                saved = load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
-                                                        "world_size", "shared_rng", "run_name"))
-                verdict = [{**saved, "path": path, "notes": check_resume(saved, args, world_size)}]
+            saved = path and load_checkpoint(path, required=("model", "optimizer", "iteration", "global_step", "args",
+                                                             "world_size", "shared_rng", "run_name"))
+            # A fork (another run's checkpoint, or another --exp-name or --seed) is a new run in a folder of its own.
+            fork = bool(saved) and (path.resolve().parent != checkpoint_dir.resolve()
+                                    or saved["run_name"].rsplit("__", 1)[0] != run_id(args))
+            if (not saved or fork) and (latest or final.exists()):
+                raise ConfigError(f"{checkpoint_dir} holds the checkpoints of an earlier run of this env, --exp-name "
+                                  f"and --seed: " + (f"a fork of {path} needs a folder of its own" if fork else
+                                  "continue it with --resume auto") + ", or name this run with another --exp-name")
+            if saved:
+                verdict = [{**saved, "path": path, "fork": fork, "notes": check_resume(saved, args, world_size)}]
+                if not fork:
+                    set_aside_newer(checkpoint_dir, path)
         except ConfigError as e:
             verdict = [e]
     if world_size > 1:
@@ -1137,6 +1145,19 @@ def load_resume_state(args: Args, checkpoint_dir: Path, rank: int, world_size: i
     if isinstance(verdict[0], ConfigError):
         raise verdict[0]
     return verdict[0]
+
+
+def set_aside_newer(checkpoint_dir: Path, path: Path) -> None:
+    """Resuming an older checkpoint of this folder abandons the newer ones: move them (and the final model) into
+    a folder of their own, so that `--resume auto` continues the line resumed last."""
+    newer = [p for p in checkpoint_dir.glob("checkpoint_*.pt") if p.name > path.name]
+    if newer:
+        aside = checkpoint_dir / f"abandoned_{int(time.time())}"
+        aside.mkdir()
+        for old in newer + [p for p in [checkpoint_dir / "final_model.pt"] if p.exists()]:
+            old.rename(aside / old.name)
+        print(f"note: {path.name} is older than the latest checkpoint: the {len(newer)} newer ones of the line it "
+              f"abandons (and its final model, if any) are set aside in {aside}", flush=True)
 
 
 def check_resume(saved: dict, args: Args, world_size: int) -> list:
@@ -1155,13 +1176,22 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
                           f"({sizes.num_envs} x {args.num_steps}); {fix}"
                           + (f", with --num-steps {old['num_steps']}" if old["num_steps"] != args.num_steps else ""))
     # The split of the envs across processes is a speed setting: only the job's env count is part of the run.
-    run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "cost_per_hour", "capture_video", "track",
+    run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "eval_protocol", "cost_per_hour", "capture_video", "track",
                  "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env",
                  "local_num_envs"}
     notes = [f"{key} {old[key]} -> {value}" for key, value in asdict(args).items()
              if key not in run_local and key in old and old[key] != value]
     if old_envs != sizes.num_envs:
         notes.append(f"envs in the job {old_envs} -> {sizes.num_envs}")
+    old_iterations = old["total_timesteps"] // sizes.batch_size
+    if args.anneal_lr and old_iterations != sizes.num_iterations:
+        iteration = saved["iteration"] + 1
+        notes.append(f"the annealed learning rate follows the new total's schedule: at iteration {iteration} it is "
+                     f"{get_lr(iteration, sizes.num_iterations, args.learning_rate, True):.4g}, not "
+                     f"{get_lr(iteration, old_iterations, args.learning_rate, True):.4g}")
+    if old.get("vector_env", "sync").startswith("ale") != args.vector_env.startswith("ale"):
+        notes.append(f"vector_env {old.get('vector_env', 'sync')} -> {args.vector_env}: ale-py's resets differ from the Python "
+                     f"stack's (see the README), another experiment")
     return notes
 
 
@@ -1174,16 +1204,19 @@ class Progress:
         self.args, self.sizes, self.groups, self.rank, self.world_size = args, sizes, groups, rank, world_size
         self.resume_hint = resume_hint
         self.master, self.checkpoint_dir = rank == 0, checkpoint_dir
-        self.start_iteration, self.global_step, self.elapsed_before, self.run_name = (
-            (resumed["iteration"] + 1, resumed["global_step"], resumed["elapsed"], resumed["run_name"]) if resumed
-            else (1, 0, 0.0, f"{run_id(args)}__{int(time.time())}"))
+        self.start_iteration, self.global_step, self.elapsed_before = (
+            (resumed["iteration"] + 1, resumed["global_step"], resumed["elapsed"]) if resumed else (1, 0, 0.0))
+        continued = resumed is not None and not resumed["fork"]  # the same run: its name, events and W&B run
+        self.run_name = resumed["run_name"] if continued else f"{run_id(args)}__{int(time.time())}"
         self.recent_returns = deque(resumed["recent_returns"] if resumed else [], maxlen=100)
         if resumed and self.master:
             print(f"resumed from {resumed['path']} at iteration {resumed['iteration']} (global step "
                   f"{self.global_step:,}), parameter digest {parameter_digest(shared_state)}", flush=True)
+            if resumed["fork"]:
+                print(f"forked from run {resumed['run_name']}: a new run, {self.run_name}", flush=True)
             for note in resumed["notes"]:
                 print(f"note: resuming with a changed setting: {note}", flush=True)
-        self.writer = (open_writer(args, sizes, self.run_name, world_size, self.global_step, resumed)
+        self.writer = (open_writer(args, sizes, self.run_name, world_size, self.global_step, continued)
                        if self.master else None)
         self.last_checkpoint_time, self.last_checkpoint = time.time(), latest_checkpoint(checkpoint_dir)
         self.start_time, self.start_step, self.last_print = time.time(), self.global_step, 0.0
@@ -1215,8 +1248,6 @@ class Progress:
                       file=sys.stderr, flush=True)
             return EXIT_NON_FINITE
         per_rank = all_gather((episodes, epochs), self.world_size)
-        if (checkpoint_now or stop_now) and self.save(shared_state, checkpoint(iteration)):
-            return EXIT_RANKS_DISAGREE
         env_time, allreduce_time = sum(group.wait_seconds for group in self.groups), ALLREDUCE_TIMER.pop_seconds()
         for group in self.groups:
             group.wait_seconds = 0.0
@@ -1242,6 +1273,9 @@ class Progress:
                 print(f"iter {iteration}/{self.sizes.num_iterations} | step {global_step:,} | {sps:,} steps/s | "
                       f"return {mean_return} (last {len(self.recent_returns)}) | eta {timedelta(seconds=int(eta))}",
                       flush=True)
+        # After this iteration's games and scalars: a checkpoint holds all that was logged up to its step.
+        if (checkpoint_now or stop_now) and self.save(shared_state, checkpoint(iteration)):
+            return EXIT_RANKS_DISAGREE
         if stop_now:
             if self.master:
                 print(f"stopping on {self.signal_name or 'a signal to another rank'} after iteration "
@@ -1290,11 +1324,18 @@ class Progress:
 
 
 def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device, seed: int,
-             video_dir: Optional[str] = None) -> list:
-    """Play `episodes` full games with the saved policy (actions sampled from it); print and return the returns."""
+             video_dir: Optional[str] = None, protocol: Optional[str] = None) -> list:
+    """Play `episodes` full games with the saved policy (actions sampled from it) under the resets of `protocol`
+    ("python" or "ale"; None: those it was trained with); print and return the returns."""
     state = load_checkpoint(Path(model_path))
-    env_id = state["args"]["env_id"]
-    envs = make_vector_env(env_id, min(num_envs, episodes), video_dir)
+    env_id, trained_on = state["args"]["env_id"], state["args"].get("vector_env", "sync")
+    protocol = protocol or ("ale" if trained_on.startswith("ale") else "python")
+    if protocol == "ale" and video_dir:
+        raise ConfigError("--capture-video records the Python envs: evaluate with --eval-protocol python")
+    envs = (AtariVectorGames(env_id, min(num_envs, episodes), len(os.sched_getaffinity(0))) if protocol == "ale"
+            else make_vector_env(env_id, min(num_envs, episodes), video_dir))
+    print(f"eval: {episodes} games of a policy trained with --vector-env {trained_on}, under the {protocol} resets "
+          f"({'ale-py' if protocol == 'ale' else 'the Python stack'}'s; see the README)", flush=True)
     agent = Agent(envs.single_action_space.n).to(device, memory_format=torch.channels_last)
     agent.load_state_dict(state["model"])
     agent.eval()

@@ -27,14 +27,9 @@ NUM_ENVS, SEED = 8, 1000
 
 
 def play(model_path: str, games: int, path: str) -> np.ndarray:
-    python_stack = ppo.make_vector_env
-    if path == "ale":  # evaluate() builds its envs with make_vector_env: hand it ale-py's instead
-        ppo.make_vector_env = lambda env_id, num_envs, video_dir=None: ppo.AtariVectorGames(env_id, num_envs, 1)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # evaluate() prints every game
-            return np.array(ppo.evaluate(model_path, games, NUM_ENVS, torch.device("cpu"), SEED))
-    finally:
-        ppo.make_vector_env = python_stack
+    with contextlib.redirect_stdout(io.StringIO()):  # evaluate() prints every game
+        return np.array(ppo.evaluate(model_path, games, NUM_ENVS, torch.device("cpu"), SEED,
+                                     protocol="ale" if path == "ale" else "python"))
 
 
 def main() -> None:

@@ -198,6 +198,22 @@ def test_refused_resume_names_the_local_num_envs_for_this_number_of_processes():
     assert ppo.check_resume(saved, ppo.Args(local_num_envs=6, num_steps=32), world_size=1) == []  # the same job
 
 
+def test_resume_says_where_the_experiment_changes():
+    job = dict(local_num_envs=2, num_steps=32)  # 64 steps per iteration
+    saved = {"args": ppo.asdict(ppo.Args(**job, total_timesteps=2560)), "world_size": 1, "iteration": 20}
+    # 40 iterations, resumed at iteration 21 with 80: the new schedule gives it (1 - 20/80) * 2.5e-4 = 1.875e-4,
+    # up from the old schedule's (1 - 20/40) * 2.5e-4 = 1.25e-4.
+    assert ppo.check_resume(saved, ppo.Args(**job, total_timesteps=5120), world_size=1) == [
+        "total_timesteps 2560 -> 5120",
+        "the annealed learning rate follows the new total's schedule: at iteration 21 it is 0.0001875, not 0.000125"]
+    assert ppo.check_resume(saved, ppo.Args(**job, total_timesteps=5120, anneal_lr=False), world_size=1) == [
+        "total_timesteps 2560 -> 5120", "anneal_lr True -> False"]
+    # ale-py's resets are another experiment; the Python stack's speed options are not.
+    assert ppo.check_resume(saved, ppo.Args(**job, total_timesteps=2560, vector_env="ale"), world_size=1) == [
+        "vector_env sync -> ale: ale-py's resets differ from the Python stack's (see the README), another experiment"]
+    assert ppo.check_resume(saved, ppo.Args(**job, total_timesteps=2560, vector_env="double"), world_size=1) == []
+
+
 def test_processes_whose_weights_differ_stop_before_a_checkpoint(tmp_path):
     # A copy whose process 1 steps on a slightly different gradient: the weights drift apart from the first
     # update, and the check before the first checkpoint (after iteration 1) must stop the run there.
@@ -295,3 +311,16 @@ def test_evaluation_takes_a_fixed_quota_of_games_from_every_env(tmp_path, monkey
     assert order.index(0, order.index(0) + 1) > [i for i, env in enumerate(order) if env == 1][2]  # the case above
     quota = [(env, r) for n, (env, r) in enumerate(logs[0].games) if order[:n + 1].count(env) <= 2]
     assert returns == [r for _, r in quota] and len(returns) == 4
+
+
+def test_evaluation_plays_the_resets_the_policy_was_trained_with(tmp_path, monkeypatch, capsys):
+    torch.manual_seed(0)
+    model = tmp_path / "trained_on_ale.pt"
+    torch.save({"model": ppo.Agent(4).state_dict(), "args": ppo.asdict(ppo.Args(vector_env="ale"))}, model)
+    built, ale_games = [], ppo.AtariVectorGames
+    monkeypatch.setattr(ppo, "AtariVectorGames", lambda *args: built.append(args) or ale_games(*args))
+    assert len(ppo.evaluate(str(model), 2, 2, torch.device("cpu"), seed=1)) == 2
+    assert [args[:2] for args in built] == [("BreakoutNoFrameskip-v4", 2)]
+    assert "under the ale resets" in capsys.readouterr().out
+    assert len(ppo.evaluate(str(model), 2, 2, torch.device("cpu"), seed=1, protocol="python")) == 2
+    assert len(built) == 1 and "under the python resets" in capsys.readouterr().out
