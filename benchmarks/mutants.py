@@ -228,7 +228,7 @@ MUTANTS = [  # (name, what it breaks, exact original text, replacement, the test
     ("noop-max", "at most 10 no-ops at reset", "NoopReset(env, noop_max=30)", "NoopReset(env, noop_max=10)",
      "test_noop_reset_plays_1_to_30_noops"),
     ("ale-no-noops", "ale-py's vector env without reset no-ops", "noop_max=30, use_fire_reset=True",
-     "noop_max=0, use_fire_reset=True", "test_games_start_after_0_to_29_no_ops"),
+     "noop_max=0, use_fire_reset=True", "test_games_start_after_fire_then_0_to_28_no_ops"),
     ("no-fire-reset", "FIRE never pressed after a reset", "env = FireReset(env)", "env = env",
      "test_fire_is_pressed_after_reset_and_after_every_lost_life"),
     ("life-loss-ends-nothing", "a lost life does not end the learning episode",
