@@ -1323,6 +1323,11 @@ class Progress:
             wandb.finish()
 
 
+def eval_quotas(episodes: int, num_envs: int) -> list:
+    """Games per env, summing to `episodes`: a fixed quota, as the first games to finish would favour short ones."""
+    return [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+
+
 def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device, seed: int,
              video_dir: Optional[str] = None, protocol: Optional[str] = None) -> list:
     """Play `episodes` full games with the saved policy (actions sampled from it) under the resets of `protocol`
@@ -1340,8 +1345,7 @@ def evaluate(model_path: str, episodes: int, num_envs: int, device: torch.device
     agent.load_state_dict(state["model"])
     agent.eval()
     torch.manual_seed(seed)
-    # A fixed quota of games per env: taking the first N games to finish would favour short games.
-    quota = [episodes // envs.num_envs + (i < episodes % envs.num_envs) for i in range(envs.num_envs)]
+    quota = eval_quotas(episodes, envs.num_envs)
     played, returns = [0] * envs.num_envs, []
     next_obs, _ = envs.reset(seed=[seed + i for i in range(envs.num_envs)])
     with torch.no_grad():

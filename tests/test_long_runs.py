@@ -324,3 +324,11 @@ def test_evaluation_plays_the_resets_the_policy_was_trained_with(tmp_path, monke
     assert "under the ale resets" in capsys.readouterr().out
     assert len(ppo.evaluate(str(model), 2, 2, torch.device("cpu"), seed=1, protocol="python")) == 2
     assert len(built) == 1 and "under the python resets" in capsys.readouterr().out
+
+
+def test_evaluation_quotas_sum_to_the_games_asked_for():
+    # The remainder goes one game each to the first envs: 5 on 2 -> 3 + 2; 4 on 3 -> 2 + 1 + 1; 30 on 8 -> 6 x 4 + 2 x 3.
+    assert ppo.eval_quotas(5, 2) == [3, 2]
+    assert ppo.eval_quotas(4, 3) == [2, 1, 1]
+    assert ppo.eval_quotas(30, 8) == [4, 4, 4, 4, 4, 4, 3, 3]
+    assert ppo.eval_quotas(2, 2) == [1, 1]

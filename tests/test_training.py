@@ -1,13 +1,16 @@
 """End-to-end runs of the real script: torchrun, plain python, two 'nodes', and determinism."""
 
+import json
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from conftest import (SCRIPT, TINY, broken_copy, event_files, final_digests, kill_tagged, run_nodes, run_python,
-                      run_torchrun, scalars, tagged_pids)
+from conftest import (ROOT, SCRIPT, TINY, broken_copy, event_files, final_digests, kill_tagged, run_nodes, run_python,
+                      run_torchrun, scalars, script_env, tagged_pids)
 
 LOSSES = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
           "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
@@ -203,6 +206,12 @@ def test_a_parameter_outside_the_agent_is_trained_alike_on_every_process(tmp_pat
     assert [step for step, _ in logged] == [128, 256, 384] and all(value > 0 for _, value in logged)
     (last,) = (script.parent / "checkpoints").glob("*/checkpoint_000000000384.pt")  # it is saved, to resume with
     assert torch.load(last, weights_only=True)["other_parameters"][0].item() == float(extra)
+    # and restored: a resume of the last checkpoint with nothing left to train holds the saved value, not 0
+    resumed = run_torchrun(2, [*TINY, "--total-timesteps", "384", "--resume", str(last)], cwd=script.parent,
+                           script=script)
+    assert resumed.returncode == 0, resumed.stderr
+    restored = dict(re.findall(r"^rank (\d): extra (\S+) ", resumed.stdout + resumed.stderr, re.M))
+    assert restored == {"0": extra, "1": extra}, restored
 
 
 @pytest.mark.parametrize("drift", [
@@ -217,3 +226,57 @@ def test_processes_compare_every_trained_parameter_and_buffer(tmp_path, drift):
                           cwd=script.parent, script=script)
     assert result.returncode != 0
     assert "error: processes 1 hold parameters different from process 0's after iteration 1" in result.stderr
+
+
+def test_each_game_is_logged_at_the_step_that_ended_it(tmp_path):
+    # One env, so that global step S is the S-th transition: a game logged at S must have ended with transition
+    # S, whose done flag is dones[t + 1] of its rollout (t = S - 1 - 32 * (iteration - 1)), or next_done after
+    # the rollout's last step. A lost life is done too, but never twice in a row, so a log one step early fails.
+    env = {**script_env(), "PPO_TEST_RECORD": str(tmp_path / "record")}
+    args = ["--local-num-envs", "1", "--num-steps", "32", "--num-minibatches", "2", "--total-timesteps", "800"]
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "launch.py"), str(SCRIPT), *args], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rollouts = torch.load(tmp_path / "record" / "rank0.pt", weights_only=False)["advantages"]
+    games = scalars(tmp_path)["charts/episodic_return"]
+    assert len(games) >= 2 and len(rollouts) == 25
+    for step, _ in games:
+        iteration, t = divmod(step - 1, 32)
+        rollout = rollouts[iteration]
+        done = rollout["next_done"][0] if t == 31 else rollout["dones"][t + 1, 0]
+        assert done == 1, (step, t)
+
+
+BF16_PROBE = """import json, sys, torch
+sys.path.insert(0, {root!r})
+import ppo_atari_multigpu as ppo
+seen, make, finish = {{}}, ppo.make_learner, ppo.Progress.finish
+def make_learner(*args, **kwargs):
+    agent, optimizer, flat_grad = make(*args, **kwargs)
+    conv = agent.network[0]
+    def forward(module, inputs, out):  # a hook that returns nothing leaves the output as it is
+        seen.setdefault("update" if torch.is_grad_enabled() else "rollout", str(out.dtype))
+    def backward(module, grad_in, grad_out):
+        seen.setdefault("backward", str(grad_out[0].dtype))
+    conv.register_forward_hook(forward)
+    conv.register_full_backward_hook(backward)
+    seen["gradients"] = str(flat_grad.dtype)
+    return agent, optimizer, flat_grad
+def write_then_finish(self, *args):
+    json.dump(seen, open("dtypes.json", "w"))
+    return finish(self, *args)
+ppo.make_learner, ppo.Progress.finish = make_learner, write_then_finish
+ppo.main()
+"""
+
+
+@pytest.mark.parametrize("precision, computed", [("bf16", "torch.bfloat16"), ("fp32", "torch.float32")])
+def test_bf16_is_what_the_network_computes_forward_and_backward(tmp_path, precision, computed):
+    probe = tmp_path / "probe.py"
+    probe.write_text(BF16_PROBE.format(root=str(ROOT)))
+    result = run_python([*TINY, "--total-timesteps", "64", "--precision", precision], cwd=tmp_path, script=probe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dtypes = json.loads((tmp_path / "dtypes.json").read_text())
+    # The convolutions of the rollout, of the update and of its backward pass; the gradients the optimiser steps
+    # on (and so the weights) stay float32.
+    assert dtypes == {"rollout": computed, "update": computed, "backward": computed, "gradients": "torch.float32"}
