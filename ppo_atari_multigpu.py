@@ -259,19 +259,16 @@ class Agent(nn.Module):
 
 
 def sample_action(logits: torch.Tensor, gumbel: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A sample of Categorical(logits): argmax(logits + Gumbel noise), the Gumbel-max trick. Training passes
-    env j's noise, drawn for the whole job (`draw_gumbel`), so env j acts alike wherever it runs; without it
-    (evaluation) the noise comes from torch's default generator. Unlike multinomial, it never waits for the GPU."""
+    """A sample of Categorical(logits) by the Gumbel-max trick, which (unlike multinomial) never waits for the GPU.
+    Training passes env j's noise (`draw_gumbel`), so env j acts alike wherever it runs; evaluation draws its own."""
     if gumbel is None:
         gumbel = -torch.empty_like(logits).exponential_().log()
     return torch.argmax(logits + gumbel, dim=-1)
 
 
 def draw_gumbel(generator: torch.Generator, num_steps: int, num_envs: int, num_actions: int) -> torch.Tensor:
-    """The whole job's action noise for one rollout, (num_steps, num_envs, num_actions), float32 on the CPU
-    (num_steps x num_envs x actions x 4 bytes: 590 KB for 8 GPUs x 8 envs x 18 actions). Every process draws
-    all of it from the shared generator and keeps its own envs' columns: env j's noise does not depend on
-    which process steps it."""
+    """The whole job's action noise for one rollout, (num_steps, num_envs, num_actions) float32 on the CPU (590 KB
+    at 64 envs x 128 steps x 18 actions): every process draws all of it and keeps its own envs' columns."""
     return -torch.empty(num_steps, num_envs, num_actions, dtype=torch.float32).exponential_(generator=generator).log()
 
 
@@ -412,11 +409,9 @@ def all_reduce_mean_(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
 
 def draw_minibatches(generator: torch.Generator, epochs: int, num_envs: int, num_steps: int,
                      num_minibatches: int) -> torch.Tensor:
-    """Env-stratified minibatches of one update (where CleanRL takes a randperm of the whole batch), the same
-    on every process: each epoch permutes every env's steps, and minibatch m takes the m-th slice of each
-    env's permutation. The argsort of i.i.d. uniforms is a uniform random permutation: one randperm per
-    (epoch, env), all drawn in one call. Returns step indices of shape
-    (epochs, num_minibatches, num_envs, num_steps // num_minibatches)."""
+    """Env-stratified minibatches of one update (CleanRL permutes the whole batch), the same on every process: each
+    epoch permutes every env's steps (an argsort of uniforms: one uniform permutation per (epoch, env), in one draw)
+    and minibatch m takes the m-th slice of each. Shape (epochs, num_minibatches, num_envs, steps per minibatch)."""
     # ALGO LOGIC: minibatches
     noise = torch.rand(epochs, num_envs, num_steps, generator=generator, dtype=torch.float64)
     order = noise.argsort(dim=-1, stable=True)
@@ -432,10 +427,8 @@ def local_minibatches(minibatches: torch.Tensor, first_env: int, local_num_envs:
 
 
 def advantage_stats(advantages: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Mean and sample std of every global minibatch's advantages, from each process's share of them
-    (`advantages`: (..., share)); returns (..., 2). One all-reduce of float64 sums for the whole update. With
-    one process these are each minibatch's own mean and std, as in CleanRL; with several, still the whole
-    minibatch's, never a process's share."""
+    """Mean and sample std of every global minibatch's advantages (as CleanRL's per-minibatch ones, never a process's
+    share's), from each process's share (`advantages`: (..., share)); returns (..., 2). One float64 all-reduce."""
     a = advantages.double()
     sums = all_reduce_sum_(torch.stack([torch.full_like(a[..., 0], a.shape[-1]), a.sum(-1), a.square().sum(-1)]),
                            world_size)
@@ -547,11 +540,9 @@ def train(args: Args, groups: list, device: torch.device, backend: Optional[str]
         for tensor in shared_state:
             dist.broadcast(tensor.data, src=0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    # The shared stream. Every process draws the whole job's random numbers from it, in the same order (action
-    # noise, then minibatches), and uses its own envs' part: env j's randomness then does not depend on where
-    # it runs, which makes every split of the envs the same experiment. Torch's default generator is seeded
-    # alike on every process too, so noise drawn from it (augmentation, epsilon-greedy) would repeat on every
-    # process, on different data: draw new noise for the whole job from shared_rng and take your envs' part.
+    # The shared stream: every process draws the whole job's random numbers from it in the same order (action
+    # noise, then minibatches) and uses its envs' part, so every split of the envs is the same experiment. Draw new
+    # noise (augmentation, epsilon-greedy) from it too: torch's default generator repeats alike on every process.
     shared_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(args.seed).generate_state(1)[0]))
     local_envs = slice(rank * args.local_num_envs, (rank + 1) * args.local_num_envs)
     if resumed:  # continue exactly: the weights, Adam's moments and the shared stream
@@ -700,13 +691,11 @@ def main() -> None:
     if RANK == 0 and exit_code == 0 and args.eval_final:
         evaluate(str(Path("checkpoints") / run_id(args) / "final_model.pt"), args.eval_episodes, args.local_num_envs,
                  device, args.seed + 10_000, protocol=args.eval_protocol)
-    # When a peer exits first with a non-zero code, torchrun sends SIGTERM to the rest: it must not replace this
-    # rank's exit code.
+    # torchrun sends SIGTERM to the rest when a peer exits first with a non-zero code: keep this rank's exit code.
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    # Leave without the interpreter's teardown (everything is written and closed): torch.optim imports
-    # torch._dynamo, which keeps references to the process group, so destroy_process_group leaves gloo's threads
-    # running, and tearing the group down under them at exit can abort a finished rank (SIGABRT).
+    # Leave without the interpreter's teardown (all is written and closed): torch._dynamo (imported by torch.optim)
+    # keeps gloo's threads alive past destroy_process_group, and teardown under them can abort a rank (SIGABRT).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
@@ -899,12 +888,10 @@ def select_device(args: Args, local_rank: int, cuda_device_count: int) -> torch.
 def check_bf16(precision: str, cuda_capability: Optional[tuple], cpu_bf16: bool) -> Optional[str]:
     """bf16 autocast is refused on GPUs older than compute capability 8.0 (Ampere). A CPU without native bf16
     (AVX-512 bf16 or AMX) runs it emulated, several times slower than fp32: it runs, with a note."""
-    if precision != "bf16":
-        return None
-    if cuda_capability is not None and tuple(cuda_capability) < (8, 0):
+    if precision == "bf16" and cuda_capability is not None and tuple(cuda_capability) < (8, 0):
         raise ConfigError(f"--precision bf16 needs a GPU of compute capability 8.0 or newer; this one has "
                           f"{'.'.join(map(str, cuda_capability))}: use --precision fp32")
-    if cuda_capability is None and not cpu_bf16:
+    if precision == "bf16" and cuda_capability is None and not cpu_bf16:
         return ("this CPU has no native bf16 (no AVX-512 bf16, no AMX): --precision bf16 is emulated and much "
                 "slower than fp32 here")
     return None
@@ -922,16 +909,12 @@ def agree_on_backend(store, backend: str, rank: int, world_size: int) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Refuse ids that are unknown, not Atari, or not discrete, with a one-line reason."""
+    """Refuse ids that are unknown or not Atari (whose actions are all discrete), with a one-line reason."""
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as e:
         raise ConfigError(f"unknown env id {env_id!r}: {str(e).splitlines()[0]}") from None
-    if spec.entry_point != "ale_py.env:AtariEnv":
-        with gym.make(env_id) as env:
-            if not isinstance(env.action_space, gym.spaces.Discrete):
-                raise ConfigError(f"{env_id} has a non-discrete action space ({env.action_space}); PPO here needs "
-                                  f"Discrete")
+    if spec.entry_point != "ale_py.env:AtariEnv":  # checked without making it: other envs may need other packages
         raise ConfigError(f"{env_id} is not an Atari (ALE) environment; use e.g. BreakoutNoFrameskip-v4")
 
 
@@ -978,8 +961,8 @@ def print_banner(args: Args, sizes: BatchSizes, backend: Optional[str], device: 
         print(f"rank {r}: host {host}, device {dev}, {threads}, env seeds {s[0]}..{s[-1]}")
     adam_steps = f"{'at most ' if args.target_kl else ''}{args.update_epochs * args.num_minibatches} Adam steps"
     print(f"experiment: {sizes.num_envs} envs x {args.num_steps} steps = batch {sizes.batch_size:,} | minibatch "
-          f"{sizes.minibatch_size:,} | {adam_steps} per iteration ({args.update_epochs} epochs x {args.num_minibatches} "
-          f"minibatches) | {sizes.num_iterations:,} iterations")
+          f"{sizes.minibatch_size:,} | {adam_steps} per iteration ({args.update_epochs} epochs x "
+          f"{args.num_minibatches} minibatches) | {sizes.num_iterations:,} iterations")
     print(f"split: {world_size} processes x {args.local_num_envs} envs | local batch {sizes.local_batch_size:,} | "
           f"local minibatch {sizes.local_minibatch_size:,}", flush=True)
     print(protocol(args.env_id), flush=True)
@@ -1074,10 +1057,8 @@ def atomic_save(obj, path: Path) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    os.fsync(dir_fd)  # make the rename itself durable
+    os.close(dir_fd)
 
 
 def save_checkpoint(state: dict, directory: Path, keep: int) -> Path:
@@ -1176,9 +1157,9 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
                           f"({sizes.num_envs} x {args.num_steps}); {fix}"
                           + (f", with --num-steps {old['num_steps']}" if old["num_steps"] != args.num_steps else ""))
     # The split of the envs across processes is a speed setting: only the job's env count is part of the run.
-    run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "eval_protocol", "cost_per_hour", "capture_video", "track",
-                 "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend", "cuda", "vector_env",
-                 "local_num_envs"}
+    run_local = {"resume", "eval_checkpoint", "eval_episodes", "eval_final", "eval_protocol", "cost_per_hour",
+                 "capture_video", "track", "checkpoint_interval_minutes", "checkpoint_keep", "device_ids", "backend",
+                 "cuda", "vector_env", "local_num_envs"}
     notes = [f"{key} {old[key]} -> {value}" for key, value in asdict(args).items()
              if key not in run_local and key in old and old[key] != value]
     if old_envs != sizes.num_envs:
@@ -1189,8 +1170,9 @@ def check_resume(saved: dict, args: Args, world_size: int) -> list:
         notes.append(f"the annealed learning rate follows the new total's schedule: at iteration {iteration} it is "
                      f"{get_lr(iteration, sizes.num_iterations, args.learning_rate, True):.4g}, not "
                      f"{get_lr(iteration, old_iterations, args.learning_rate, True):.4g}")
-    if old.get("vector_env", "sync").startswith("ale") != args.vector_env.startswith("ale"):
-        notes.append(f"vector_env {old.get('vector_env', 'sync')} -> {args.vector_env}: ale-py's resets differ from the Python "
+    old_vector_env = old.get("vector_env", "sync")
+    if old_vector_env.startswith("ale") != args.vector_env.startswith("ale"):
+        notes.append(f"vector_env {old_vector_env} -> {args.vector_env}: ale-py's resets differ from the Python "
                      f"stack's (see the README), another experiment")
     return notes
 

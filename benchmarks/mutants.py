@@ -256,7 +256,7 @@ MUTANTS = [  # (name, what it breaks, exact original text, replacement, the test
     ("digests-not-compared", "the processes' parameters not compared before a checkpoint",
      "        if differ:\n", "        if False:\n", "test_processes_whose_weights_differ_stop_before_a_checkpoint"),
     ("fresh-run-overwrites", "a fresh run starts in a folder holding another run's checkpoints",
-     "            if not args.resume and (latest", "            if False and (latest",
+     "            if (not saved or fork) and (latest", "            if False and (latest",
      "test_a_fresh_run_never_overwrites_an_earlier_runs_checkpoints"),
     ("exit-through-teardown", "a finished rank leaves through the interpreter's teardown",
      "    os._exit(exit_code)\n", "    sys.exit(exit_code)\n",

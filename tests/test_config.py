@@ -132,7 +132,8 @@ def test_gloo_may_share_a_gpu():
         (["--num-steps", "-5"], "--num-steps must be positive"),
         (["--backend", "mpi"], "no 'mpi' backend"),
         (["--env-id", "NoSuchGameNoFrameskip-v4"], "unknown env id"),
-        (["--env-id", "Pendulum-v1"], "non-discrete action space"),
+        (["--env-id", "Pendulum-v1"], "Pendulum-v1 is not an Atari (ALE) environment"),
+        (["--env-id", "HalfCheetah-v5"], "HalfCheetah-v5 is not an Atari"),  # mujoco is not installed
         (["--env-id", "CartPole-v1"], "not an Atari"),
         (["--device-ids", "0"], "--device-ids was given but CUDA is unavailable"),
         (["--vector-env", "double", "--local-num-envs", "1", "--num-minibatches", "1"], "must be at least 2"),
